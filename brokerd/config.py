@@ -1,0 +1,123 @@
+"""Daemon configuration: a TOML file (default /etc/vaccel/brokerd.toml), command-line
+overrides on top. Loading validates everything, so SIGHUP can reject a bad file and
+keep the old configuration.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from vaccel.paths import default_socket
+from vaccel.units import parse_duration, parse_size_mib
+
+DEFAULT_CONFIG_PATH = Path("/etc/vaccel/brokerd.toml")
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class Config:
+    socket: Path = field(default_factory=default_socket)
+    # Every local user must be able to connect; who may do what is decided per call
+    # from kernel-verified credentials, not by file permissions.
+    socket_mode: int = 0o666
+    state_dir: Path = field(
+        default_factory=lambda: Path("/var/lib/vaccel") if os.getuid() == 0
+        else Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "vaccel"
+    )
+    inventory: Path | None = None
+    admin_group: str = "vaccel-admin"
+    heartbeat_ttl_s: float = 30.0
+    max_lease_duration_s: float = 7 * 86400.0  # 0 = unlimited
+    probe_interval_s: float = 10.0
+    unleased_processes: str = "report"  # report | signal
+    unleased_grace_s: float = 300.0
+    allocator_config: str = "expandable_segments:True"
+    memory_cap_mib: int = 0  # per-process cap applied to every lease, 0 = none
+    token_ttl_s: float = 600.0
+    log_level: str = "info"
+    source: str = "<defaults>"
+
+    def admin_gid(self) -> int | None:
+        try:
+            return grp.getgrnam(self.admin_group).gr_gid
+        except KeyError:
+            return None
+
+
+# TOML table.key -> (Config field, parser)
+_KEYS: dict[str, tuple[str, Any]] = {
+    "server.socket": ("socket", Path),
+    "server.socket_mode": ("socket_mode", lambda v: int(str(v), 8)),
+    "server.state_dir": ("state_dir", Path),
+    "server.inventory": ("inventory", Path),
+    "server.admin_group": ("admin_group", str),
+    "server.log_level": ("log_level", str),
+    "leases.heartbeat_ttl": ("heartbeat_ttl_s", parse_duration),
+    "leases.max_duration": ("max_lease_duration_s", parse_duration),
+    "leases.token_ttl": ("token_ttl_s", parse_duration),
+    "probe.refresh_interval": ("probe_interval_s", parse_duration),
+    "probe.unleased_processes": ("unleased_processes", str),
+    "probe.unleased_grace": ("unleased_grace_s", parse_duration),
+    "memory.allocator_config": ("allocator_config", str),
+    "memory.memory_cap": ("memory_cap_mib", parse_size_mib),
+}
+
+
+def _flatten(doc: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in doc.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def _validate(config: Config) -> Config:
+    where = config.source
+    if config.heartbeat_ttl_s < 1:
+        raise ConfigError(f"{where}: leases.heartbeat_ttl must be at least 1s")
+    if config.probe_interval_s < 0.5:
+        raise ConfigError(f"{where}: probe.refresh_interval must be at least 0.5s")
+    if config.unleased_processes not in ("report", "signal"):
+        raise ConfigError(f"{where}: probe.unleased_processes must be 'report' or 'signal'")
+    if not 0 <= config.socket_mode <= 0o777:
+        raise ConfigError(f"{where}: server.socket_mode must be an octal mode like \"0666\"")
+    if config.log_level not in ("debug", "info", "warning", "error"):
+        raise ConfigError(f"{where}: server.log_level must be debug, info, warning or error")
+    return config
+
+
+def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> Config:
+    """Read `path` (missing default file = defaults), then apply non-None overrides."""
+    config = Config()
+    if path is not None and (path != DEFAULT_CONFIG_PATH or path.exists()):
+        try:
+            doc = tomllib.loads(path.read_text())
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+        values: dict[str, Any] = {"source": str(path)}
+        for key, raw in _flatten(doc).items():
+            if key not in _KEYS:
+                known = ", ".join(sorted(_KEYS))
+                raise ConfigError(f"{path}: unknown key {key!r}; known keys: {known}")
+            name, parse = _KEYS[key]
+            try:
+                values[name] = parse(raw)
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"{path}: {key}: {exc}") from exc
+        config = replace(config, **values)
+    known_fields = {f.name for f in fields(Config)}
+    extra = {k: v for k, v in (overrides or {}).items() if v is not None and k in known_fields}
+    return _validate(replace(config, **extra))

@@ -1,0 +1,127 @@
+"""Simulated devices from an inventory YAML file (tests, demos, CI). Never used silently:
+only `--inventory FILE` selects it.
+
+    devices:
+      - vendor: nvidia
+        name: NVIDIA A100-SXM4-80GB
+        uuid: GPU-6f1a0c2e-0000-0000-0000-000000000001
+        pci_bus_id: "0000:07:00.0"
+        memory_mib: 81920
+        compute_capability: "8.0"     # amd: gfx_target: gfx90a; intel: arch: Xe_HPG
+        driver_version: "535.54.03"
+        memory_bandwidth_gbps: 2039
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from brokerd.devices import Device, ProbeResult, ProbeVerdict
+
+# Vendor -> (torch backend, the key that carries its architecture).
+_VENDORS: dict[str, tuple[str, str]] = {
+    "nvidia": ("cuda", "compute_capability"),
+    "amd": ("rocm", "gfx_target"),
+    "intel": ("xpu", "arch"),
+    "cpu": ("cpu", "arch"),
+}
+_KNOWN_KEYS = {
+    "vendor", "name", "uuid", "pci_bus_id", "memory_mib", "compute_capability", "gfx_target",
+    "arch", "driver_version", "memory_bandwidth_gbps", "numa_node", "interconnect_group",
+    "healthy", "health_reason", "memory_used_mib", "runtime_version",
+}
+
+
+class InventoryError(ValueError):
+    """The inventory file cannot be used; the message names the file and the entry."""
+
+
+def normalise_arch(vendor: str, raw: str) -> str:
+    """sm_80 for NVIDIA's "8.0"; AMD and Intel names are already canonical."""
+    raw = str(raw).strip()
+    if vendor == "nvidia" and raw and not raw.startswith("sm_"):
+        major, _, minor = raw.partition(".")
+        return f"sm_{major}{minor or '0'}"
+    return raw
+
+
+def _device(entry: Any, index: int, source: str) -> Device:
+    where = f"{source}: devices[{index}]"
+    if not isinstance(entry, dict):
+        raise InventoryError(f"{where}: expected a mapping, got {type(entry).__name__}")
+    unknown = sorted(set(entry) - _KNOWN_KEYS)
+    if unknown:
+        raise InventoryError(f"{where}: unknown key(s) {', '.join(unknown)}")
+    vendor = str(entry.get("vendor", "")).lower()
+    if vendor not in _VENDORS:
+        raise InventoryError(f"{where}: vendor must be one of {', '.join(_VENDORS)}, got {vendor!r}")
+    backend, arch_key = _VENDORS[vendor]
+    for key in ("name", "uuid", "memory_mib"):
+        if key not in entry:
+            raise InventoryError(f"{where}: missing required key {key!r}")
+    try:
+        memory = int(entry["memory_mib"])
+        bandwidth = float(entry.get("memory_bandwidth_gbps", 0) or 0)
+        used = int(entry.get("memory_used_mib", 0) or 0)
+        numa = int(entry.get("numa_node", -1))
+    except (TypeError, ValueError) as exc:
+        raise InventoryError(f"{where}: {exc}") from exc
+    if memory <= 0:
+        raise InventoryError(f"{where}: memory_mib must be positive, got {memory}")
+    raw_arch = str(entry.get(arch_key, "") or "")
+    return Device(
+        index=index,
+        uuid=str(entry["uuid"]),
+        vendor=vendor,
+        name=str(entry["name"]),
+        memory_mib=memory,
+        backend=backend,
+        arch=normalise_arch(vendor, raw_arch),
+        compute_capability=raw_arch,
+        pci_bus_id=str(entry.get("pci_bus_id", "")),
+        driver_version=str(entry.get("driver_version", "")),
+        runtime_version=str(entry.get("runtime_version", "")),
+        memory_bandwidth_gbps=bandwidth,
+        memory_used_mib=used,
+        numa_node=numa,
+        interconnect_group=str(entry.get("interconnect_group", "")),
+        healthy=bool(entry.get("healthy", True)),
+        health_reason=str(entry.get("health_reason", "")),
+        simulated=True,
+    )
+
+
+def parse_inventory(text: str, source: str = "<inventory>") -> tuple[Device, ...]:
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InventoryError(f"{source}: not valid YAML: {exc}") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("devices"), list):
+        raise InventoryError(f"{source}: expected a top-level 'devices:' list")
+    devices = tuple(_device(e, i, source) for i, e in enumerate(doc["devices"]))
+    uuids = [d.uuid for d in devices]
+    dupes = sorted({u for u in uuids if uuids.count(u) > 1})
+    if dupes:
+        raise InventoryError(f"{source}: duplicate uuid(s) {', '.join(dupes)}")
+    return devices
+
+
+class SimulatedProbe:
+    """Reads the inventory file on every probe, so editing it simulates hot-plug and faults."""
+
+    vendor = "simulated"
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    def probe(self) -> ProbeResult:
+        try:
+            text = self.path.read_text()
+        except OSError as exc:
+            raise InventoryError(f"{self.path}: cannot read: {exc.strerror}") from exc
+        devices = parse_inventory(text, str(self.path))
+        verdict = ProbeVerdict("simulated", True, f"{len(devices)} simulated device(s) from {self.path}")
+        return ProbeResult(verdict=verdict, devices=devices)

@@ -1,0 +1,104 @@
+"""The backend table: what each torch backend needs in the environment of a process
+that uses a lease. This and vaccel.accelerator are the only places of the client that
+name vendor runtimes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str  # cuda | rocm | xpu | cpu
+    visible_devices_vars: tuple[str, ...]  # each gets the comma-joined device ids
+    extra_env: tuple[tuple[str, str], ...]  # fixed variables, e.g. the device order
+    allocator_var: str  # torch's memory-pool setting, "" where torch has none
+    torch_device_type: str  # the torch.device type: ROCm is torch's cuda type
+    dist_backend: str  # torch.distributed backend for multi-rank jobs
+    runtime_markers: tuple[str, ...] = ()  # torch modules whose init would pin devices
+
+
+BACKENDS: dict[str, Backend] = {
+    "cuda": Backend(
+        name="cuda",
+        visible_devices_vars=("CUDA_VISIBLE_DEVICES",),
+        # NVML numbers devices by PCI bus id; make the runtime agree.
+        extra_env=(("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),),
+        allocator_var="PYTORCH_CUDA_ALLOC_CONF",
+        torch_device_type="cuda",
+        dist_backend="nccl",
+    ),
+    "rocm": Backend(
+        name="rocm",
+        visible_devices_vars=("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"),
+        extra_env=(),
+        allocator_var="PYTORCH_HIP_ALLOC_CONF",
+        torch_device_type="cuda",
+        dist_backend="nccl",
+    ),
+    "xpu": Backend(
+        name="xpu",
+        visible_devices_vars=("ZE_AFFINITY_MASK",),
+        extra_env=(),
+        allocator_var="",
+        torch_device_type="xpu",
+        dist_backend="xccl",
+    ),
+    "cpu": Backend(
+        name="cpu",
+        visible_devices_vars=(),
+        extra_env=(),
+        allocator_var="",
+        torch_device_type="cpu",
+        dist_backend="gloo",
+    ),
+}
+
+# Every variable any backend may set, so a lease can clear what another backend left.
+DEVICE_ENV_VARS = tuple(sorted({
+    var
+    for b in BACKENDS.values()
+    for var in (*b.visible_devices_vars, *(k for k, _ in b.extra_env), b.allocator_var)
+    if var
+}))
+
+
+def backend(name: str) -> Backend:
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise ValueError(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}") from None
+
+
+def lease_env(
+    *,
+    lease_id: str,
+    backend_name: str,
+    device_ids: list[str],
+    allocator_config: str = "",
+    memory_cap_mib: int = 0,
+    simulated: bool = False,
+) -> dict[str, str]:
+    """The variables a lease applies before any device runtime starts.
+
+    `device_ids` are the devices' visible ids as the daemon sends them: UUIDs where the
+    runtime accepts them (order-proof), per-vendor ordinals where it does not.
+    """
+    b = backend(backend_name)
+    env: dict[str, str] = {
+        "VACCEL_LEASE_ID": lease_id,
+        "VACCEL_BACKEND": b.name,
+        "VACCEL_DEVICES": ",".join(device_ids),
+    }
+    joined = ",".join(device_ids)
+    for var in b.visible_devices_vars:
+        env[var] = joined
+    env.update(dict(b.extra_env))
+    if allocator_config and b.allocator_var:
+        env[b.allocator_var] = allocator_config
+    if memory_cap_mib:
+        env["VACCEL_MEMORY_CAP_MIB"] = str(memory_cap_mib)
+    if simulated:
+        env["VACCEL_SIMULATED"] = "1"
+    return env

@@ -1,0 +1,43 @@
+"""Where the broker's socket is: one rule shared by the daemon and every client.
+
+root: /run/vaccel/brokerd.sock; others: $XDG_RUNTIME_DIR/vaccel/brokerd.sock, else
+/tmp/vaccel-$UID/brokerd.sock. Clients honour VACCEL_SOCKET first. The identity socket
+the token is minted on sits beside it with the suffix `.id`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+SYSTEM_SOCKET = Path("/run/vaccel/brokerd.sock")
+
+
+def default_socket(uid: int | None = None) -> Path:
+    uid = os.getuid() if uid is None else uid
+    if uid == 0:
+        return SYSTEM_SOCKET
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and Path(runtime).is_dir():
+        return Path(runtime) / "vaccel" / "brokerd.sock"
+    return Path(f"/tmp/vaccel-{uid}") / "brokerd.sock"
+
+
+def client_socket(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """The socket a client talks to: the argument, else VACCEL_SOCKET, else the default.
+
+    A non-root user with no broker of their own uses the system broker: that is the
+    common case on a shared server."""
+    if explicit:
+        return Path(explicit)
+    env = os.environ.get("VACCEL_SOCKET")
+    if env:
+        return Path(env)
+    own = default_socket()
+    if own != SYSTEM_SOCKET and not own.exists() and SYSTEM_SOCKET.exists():
+        return SYSTEM_SOCKET
+    return own
+
+
+def identity_socket(grpc_socket: Path) -> Path:
+    return grpc_socket.with_name(grpc_socket.name + ".id")

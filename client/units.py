@@ -1,0 +1,73 @@
+"""Parsing of the sizes and durations users type: "20GiB", "512M", "90s", "2h", "1d12h".
+
+Shared by the CLI, lease() and the daemon's config so one spelling means one thing.
+"""
+
+from __future__ import annotations
+
+import re
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "k": 1024, "kb": 1000, "kib": 1024,
+    "m": 1024**2, "mb": 1000**2, "mib": 1024**2,
+    "g": 1024**3, "gb": 1000**3, "gib": 1024**3,
+    "t": 1024**4, "tb": 1000**4, "tib": 1024**4,
+}
+_DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_DURATION_PART_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|min|[smhdw])", re.IGNORECASE)
+
+
+def parse_size_mib(value: str | int | float) -> int:
+    """Return a size in MiB (rounded up). Bare numbers are bytes; "20GiB" and "20G" are
+    binary, "20GB" decimal. Raises ValueError with the accepted forms."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a size: {value!r}")
+    if isinstance(value, int | float):
+        number, unit = float(value), ""
+    else:
+        match = _SIZE_RE.match(value)
+        if not match or match.group(2).lower() not in _SIZE_UNITS:
+            raise ValueError(f"not a size: {value!r} (try 512MiB, 20GiB, 80G)")
+        number, unit = float(match.group(1)), match.group(2).lower()
+    if number < 0:
+        raise ValueError(f"size must not be negative: {value!r}")
+    size_bytes = number * _SIZE_UNITS[unit]
+    return int(-(-size_bytes // (1024**2)))
+
+
+def parse_duration(value: str | int | float) -> float:
+    """Return seconds. Bare numbers are seconds; "90s", "15m", "2h", "1d12h" are accepted."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        text = value.strip()
+        try:
+            seconds = float(text)
+        except ValueError:
+            parts = _DURATION_PART_RE.findall(text)
+            if not parts or _DURATION_PART_RE.sub("", text).strip():
+                raise ValueError(f"not a duration: {value!r} (try 30s, 15m, 2h, 1d)") from None
+            seconds = sum(float(n) * _DURATION_UNITS[u.lower()] for n, u in parts)
+    if seconds < 0:
+        raise ValueError(f"duration must not be negative: {value!r}")
+    return seconds
+
+
+def format_mib(mib: int) -> str:
+    return f"{mib / 1024:.0f} GiB" if mib >= 1024 and mib % 1024 == 0 else (
+        f"{mib / 1024:.1f} GiB" if mib >= 1024 else f"{mib} MiB")
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"

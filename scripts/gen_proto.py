@@ -1,0 +1,72 @@
+"""Generate the Python gRPC code for proto/vaccel/v1/*.proto into client/v1/.
+
+    python scripts/gen_proto.py          # write the files
+    python scripts/gen_proto.py --check  # exit 1 when the committed files are stale
+
+The proto package is `vaccel.v1` and the client package `vaccel` lives in client/,
+so generating with `-I proto` into a folder that stands for `vaccel` makes the
+generated imports (`from vaccel.v1 import broker_pb2`) resolve unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import filecmp
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PROTO_ROOT = ROOT / "proto"
+OUT_PACKAGE = ROOT / "client" / "v1"
+GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
+
+
+def generate(out_root: Path) -> list[Path]:
+    """Run protoc for every .proto file; return the generated files under out_root/v1."""
+    from grpc_tools import protoc  # a dev dependency, only needed to regenerate
+
+    protos = sorted(str(p.relative_to(PROTO_ROOT)) for p in PROTO_ROOT.rglob("*.proto"))
+    include = str(Path(protoc.__file__).parent / "_proto")
+    # protoc writes vaccel/v1/...; out_root plays the part of the folder above `vaccel`.
+    args = [
+        "protoc",
+        f"-I{PROTO_ROOT}",
+        f"-I{include}",
+        f"--python_out={out_root}",
+        f"--pyi_out={out_root}",
+        f"--grpc_python_out={out_root}",
+        *protos,
+    ]
+    if protoc.main(args) != 0:
+        raise SystemExit("protoc failed")
+    generated = out_root / "vaccel" / "v1"
+    return sorted(p for p in generated.iterdir() if p.name.endswith(GENERATED_SUFFIXES))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="only compare, write nothing")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        fresh = generate(Path(tmp))
+        stale = [
+            p.name
+            for p in fresh
+            if not (OUT_PACKAGE / p.name).exists() or not filecmp.cmp(p, OUT_PACKAGE / p.name, False)
+        ]
+        if args.check:
+            if stale:
+                print(f"stale generated code: {', '.join(stale)}; run python scripts/gen_proto.py")
+                return 1
+            return 0
+        OUT_PACKAGE.mkdir(parents=True, exist_ok=True)
+        for p in fresh:
+            (OUT_PACKAGE / p.name).write_bytes(p.read_bytes())
+        (OUT_PACKAGE / "__init__.py").write_text('"""Generated gRPC code for vaccel.v1."""\n')
+        print(f"wrote {len(fresh)} files to {OUT_PACKAGE.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
