@@ -9,4 +9,32 @@ Importing this package starts no device runtime and imports no torch.
 
 from __future__ import annotations
 
+import os
+from typing import TYPE_CHECKING, Any
+
+# With a gRPC channel and a heartbeat thread alive, grpcio's fork handlers print
+# "Other threads are currently calling into gRPC, skipping fork() handlers" on every
+# fork (DataLoader workers) and a child touching the parent's channel can hang. The
+# client never uses a channel across fork (see connection.py), so turn the handlers off
+# before grpc is imported anywhere.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
+
 __version__ = "0.1.0"
+__all__ = ["Accelerator", "Lease", "LeaseError", "LeaseLost", "lease"]
+
+if TYPE_CHECKING:
+    from vaccel.accelerator import Accelerator
+    from vaccel.leasing import Lease, LeaseError, LeaseLost, lease
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: `import vaccel` stays cheap, and torch is imported only by the accelerator.
+    if name == "Accelerator":
+        from vaccel.accelerator import Accelerator
+
+        return Accelerator
+    if name in ("lease", "Lease", "LeaseError", "LeaseLost"):
+        from vaccel import leasing
+
+        return getattr(leasing, name)
+    raise AttributeError(f"module 'vaccel' has no attribute {name!r}")

@@ -1,0 +1,432 @@
+"""The lease manager: who holds which device, who waits, and the rules between them.
+
+Plain, synchronous Python with no gRPC, no I/O and an injectable clock, so that every
+interleaving can be tested (tests/test_lease_properties.py drives it with a hypothesis
+state machine). The async layer (brokerd/service.py) persists what this returns before
+anyone hears of it.
+
+Invariants (checked by `check_invariants`):
+- a device is owned by at most one active lease, and every active lease owns its devices;
+- a multi-device lease got all its devices in one step (`_grant` takes the whole set);
+- a queued request holds nothing.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from vaccel.units import format_duration
+
+from brokerd.contract import CheckLine, Evaluation, Requirement, evaluate, select
+from brokerd.devices import Device
+
+ACTIVE = "active"
+RELEASED = "released"
+EXPIRED = "expired"
+REVOKED = "revoked"
+HOLDER_EXITED = "holder_exited"
+LOST = "lost"  # its device vanished or turned unhealthy
+ENDED_STATES = (RELEASED, EXPIRED, REVOKED, HOLDER_EXITED, LOST)
+_HISTORY = 1000
+
+
+class LeaseError(Exception):
+    """A request the manager refuses; `kind` maps to a gRPC status in the servicer."""
+
+    kind = "failed_precondition"
+
+
+class NotFound(LeaseError):
+    kind = "not_found"
+
+
+class PermissionDenied(LeaseError):
+    kind = "permission_denied"
+
+
+class Unsatisfiable(LeaseError):
+    """No set of devices on this host could ever satisfy the request."""
+
+    kind = "failed_precondition"
+
+    def __init__(self, message: str, evaluation: Evaluation | None = None) -> None:
+        super().__init__(message)
+        self.evaluation = evaluation
+
+
+class Busy(LeaseError):
+    """Satisfiable, but not now, and the caller would not wait."""
+
+    kind = "resource_exhausted"
+
+
+class Ended(LeaseError):
+    """The lease exists but is over; the message says how it ended."""
+
+    kind = "failed_precondition"
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A process as the kernel identified it, plus what to show about it."""
+
+    uid: int
+    gid: int
+    pid: int
+    start_time: int
+    user: str = ""
+    command: str = ""
+
+
+@dataclass(frozen=True)
+class Caller:
+    uid: int
+    gid: int
+    pid: int
+    start_time: int
+    is_admin: bool = False
+
+
+@dataclass(frozen=True)
+class LeaseTerms:
+    """What a grant carries besides devices, decided by the daemon's config."""
+
+    allocator_config: str = ""
+    memory_cap_mib: int = 0
+    accelerator_config_yaml: str = ""
+
+
+@dataclass
+class Lease:
+    id: str
+    holder: Holder
+    devices: tuple[str, ...]
+    backend: str
+    granted_at: float
+    expires_at: float = 0.0  # hard end from the maximum duration; 0 = none
+    terms: LeaseTerms = field(default_factory=LeaseTerms)
+    warnings: tuple[CheckLine, ...] = ()
+    simulated: bool = False
+    state: str = ACTIVE
+    end_reason: str = ""
+    ended_at: float = 0.0
+    last_heartbeat: float = 0.0
+    members: set[tuple[int, int]] = field(default_factory=set)  # (pid, start_time) of joiners
+
+    @property
+    def active(self) -> bool:
+        return self.state == ACTIVE
+
+
+@dataclass
+class Request:
+    id: str
+    holder: Holder
+    requirement: Requirement
+    evaluation: Evaluation
+    terms: LeaseTerms
+    since: float
+
+
+@dataclass(frozen=True)
+class Grant:
+    request: Request
+    lease: Lease
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}{secrets.token_hex(6)}"
+
+
+class LeaseManager:
+    def __init__(
+        self,
+        devices: Sequence[Device] = (),
+        *,
+        ttl_s: float = 30.0,
+        max_duration_s: float = 0.0,
+        clock: Callable[[], float] = time.time,
+        new_id: Callable[[str], str] = _new_id,
+    ) -> None:
+        self.ttl_s = ttl_s
+        self.max_duration_s = max_duration_s
+        self._clock = clock
+        self._new_id = new_id
+        self.devices: dict[str, Device] = {d.uuid: d for d in devices}
+        self.unavailable: dict[str, str] = {}  # uuid -> why it must not be granted now
+        self.leases: dict[str, Lease] = {}  # active only
+        self.owner: dict[str, str] = {}  # device uuid -> active lease id
+        self.queue: list[Request] = []
+        self.last_used: dict[str, float] = {}
+        self.ended: dict[str, Lease] = {}  # recent history, oldest first
+
+    # -- inventory ---------------------------------------------------------------------
+
+    def set_inventory(
+        self, devices: Sequence[Device], unavailable: Mapping[str, str] | None = None
+    ) -> list[Lease]:
+        """Replace the device picture. Leases on a device that vanished or turned unhealthy
+        end as LOST (their holders are told); busy-but-healthy devices keep their lease."""
+        self.devices = {d.uuid: d for d in devices}
+        self.unavailable = dict(unavailable or {})
+        lost = []
+        for lease in list(self.leases.values()):
+            gone = [u for u in lease.devices if u not in self.devices]
+            sick = [u for u in lease.devices if u in self.devices and not self.devices[u].healthy]
+            if gone or sick:
+                why = (
+                    f"device {gone[0]} disappeared" if gone
+                    else f"device {sick[0]} is unhealthy: {self.devices[sick[0]].health_reason}"
+                )
+                lost.append(self._end(lease, LOST, why))
+        return lost
+
+    def device_state(self, uuid: str) -> str:
+        device = self.devices.get(uuid)
+        if device is None:
+            return "missing"
+        if uuid in self.owner:
+            return "leased"
+        if not device.healthy:
+            return "unhealthy"
+        if uuid in self.unavailable:
+            return "busy"
+        return "free"
+
+    def _free(self) -> list[Device]:
+        return [d for d in self.devices.values() if self.device_state(d.uuid) == "free"]
+
+    # -- requests ----------------------------------------------------------------------
+
+    def submit(
+        self, holder: Holder, requirement: Requirement, *, wait: bool, terms: LeaseTerms = LeaseTerms()
+    ) -> Lease | Request:
+        """Grant now, or queue (wait=True), or refuse. Raises Unsatisfiable when no device
+        set on this host could ever satisfy the request, Busy when it would have to wait
+        and the caller won't."""
+        if requirement.gpus < 1:
+            raise Unsatisfiable("gpus must be at least 1")
+        evaluation = evaluate(requirement, list(self.devices.values()))
+        if not evaluation.satisfiable:
+            raise Unsatisfiable(evaluation.reason or "no device on this host satisfies the request", evaluation)
+        request = Request(self._new_id("r-"), holder, requirement, evaluation, terms, self._clock())
+        # Requests ahead in the queue reserve the free devices they could use (FIFO);
+        # a newcomer may only take free devices that none of them can use.
+        reserved = self._reserved_by(self.queue)
+        lease = self._try_grant(request, reserved)
+        if lease is not None:
+            return lease
+        if not wait:
+            raise Busy(f"no free device satisfies the request now; {self.holders_summary()}")
+        self.queue.append(request)
+        return request
+
+    def cancel(self, request_id: str) -> bool:
+        for i, request in enumerate(self.queue):
+            if request.id == request_id:
+                del self.queue[i]
+                return True
+        return False
+
+    def pump(self) -> list[Grant]:
+        """Grant queued requests that can now be satisfied, in FIFO order."""
+        grants: list[Grant] = []
+        waiting: list[Request] = []
+        for request in self.queue:
+            lease = self._try_grant(request, self._reserved_by(waiting))
+            if lease is None:
+                waiting.append(request)
+            else:
+                grants.append(Grant(request, lease))
+        self.queue = waiting
+        return grants
+
+    def queue_position(self, request_id: str) -> tuple[int, int]:
+        for i, request in enumerate(self.queue):
+            if request.id == request_id:
+                return i + 1, len(self.queue)
+        return 0, len(self.queue)
+
+    def _reserved_by(self, ahead: Iterable[Request]) -> set[str]:
+        reserved: set[str] = set()
+        for request in ahead:
+            reserved.update(request.evaluation.eligible)
+        return reserved
+
+    def _try_grant(self, request: Request, reserved: set[str]) -> Lease | None:
+        eligible = set(request.evaluation.eligible)
+        free = [d for d in self._free() if d.uuid in eligible and d.uuid not in reserved]
+        # One lease drives one backend: never mix vendors inside a multi-device grant.
+        for backend in dict.fromkeys(d.backend for d in sorted(free, key=lambda d: d.index)):
+            candidates = [d for d in free if d.backend == backend]
+            chosen = select(request.requirement, candidates, self.last_used)
+            if chosen:
+                return self._grant(request, chosen)
+        return None
+
+    def _grant(self, request: Request, devices: Sequence[Device]) -> Lease:
+        now = self._clock()
+        uuids = tuple(d.uuid for d in devices)
+        assert len(set(uuids)) == len(uuids) == request.requirement.gpus
+        assert all(u not in self.owner for u in uuids), "device granted twice"
+        lease = Lease(
+            id=self._new_id("l-"),
+            holder=request.holder,
+            devices=uuids,
+            backend=devices[0].backend,
+            granted_at=now,
+            expires_at=now + self.max_duration_s if self.max_duration_s else 0.0,
+            terms=request.terms,
+            warnings=request.evaluation.warnings_for(uuids),
+            simulated=any(d.simulated for d in devices),
+            last_heartbeat=now,
+        )
+        self.leases[lease.id] = lease
+        for uuid in uuids:
+            self.owner[uuid] = lease.id
+        return lease
+
+    def rollback(self, lease_id: str) -> None:
+        """Undo a grant that could not be made durable, as if it never happened."""
+        lease = self.leases.pop(lease_id, None)
+        if lease is not None:
+            for uuid in lease.devices:
+                if self.owner.get(uuid) == lease_id:
+                    del self.owner[uuid]
+
+    # -- leases ------------------------------------------------------------------------
+
+    def get(self, lease_id: str) -> Lease:
+        lease = self.leases.get(lease_id) or self.ended.get(lease_id)
+        if lease is None:
+            raise NotFound(f"no lease {lease_id!r} on this broker (see `vaccel leases`)")
+        return lease
+
+    def _active(self, lease_id: str) -> Lease:
+        lease = self.get(lease_id)
+        if not lease.active:
+            raise Ended(f"lease {lease_id} has ended: {lease.state} ({lease.end_reason})")
+        return lease
+
+    def heartbeat(self, lease_id: str, caller: Caller) -> Lease:
+        lease = self._active(lease_id)
+        if caller.uid != lease.holder.uid:
+            raise PermissionDenied(f"lease {lease_id} belongs to {lease.holder.user or lease.holder.uid}")
+        lease.last_heartbeat = self._clock()
+        return lease
+
+    def join(self, lease_id: str, caller: Caller) -> Lease:
+        """A process started inside the lease (same user) becomes a member of it."""
+        lease = self._active(lease_id)
+        if caller.uid != lease.holder.uid:
+            raise PermissionDenied(
+                f"lease {lease_id} belongs to {lease.holder.user or lease.holder.uid}; "
+                "only its holder's processes may join it"
+            )
+        if (caller.pid, caller.start_time) != (lease.holder.pid, lease.holder.start_time):
+            lease.members.add((caller.pid, caller.start_time))
+        return lease
+
+    def release(self, lease_id: str, caller: Caller, reason: str = "") -> Lease:
+        lease = self._active(lease_id)
+        if caller.uid != lease.holder.uid and not caller.is_admin:
+            raise PermissionDenied(
+                f"lease {lease_id} belongs to {lease.holder.user or lease.holder.uid}; only they, "
+                "root or the admin group may release it"
+            )
+        if caller.uid == lease.holder.uid:
+            return self._end(lease, RELEASED, reason or "released by its holder")
+        return self._end(lease, REVOKED, reason or f"revoked by admin uid {caller.uid}")
+
+    def expire(self) -> list[Lease]:
+        """End leases whose heartbeats stopped or whose maximum duration is reached."""
+        now = self._clock()
+        ended = []
+        for lease in list(self.leases.values()):
+            if lease.expires_at and now >= lease.expires_at:
+                why = f"reached the maximum lease duration of {format_duration(self.max_duration_s)}"
+                ended.append(self._end(lease, EXPIRED, why))
+            elif now - lease.last_heartbeat > self.ttl_s:
+                why = f"no heartbeat for {format_duration(now - lease.last_heartbeat)} (TTL {format_duration(self.ttl_s)})"
+                ended.append(self._end(lease, EXPIRED, why))
+        return ended
+
+    def next_deadline(self) -> float | None:
+        """The earliest time `expire` could end something, for the daemon's timer."""
+        times = [lease.last_heartbeat + self.ttl_s for lease in self.leases.values()]
+        times += [lease.expires_at for lease in self.leases.values() if lease.expires_at]
+        return min(times) if times else None
+
+    def process_exited(self, pid: int, start_time: int) -> tuple[list[Lease], list[Request]]:
+        """The kernel says this process is gone: end its leases, drop its queued requests,
+        forget it as a member."""
+        key = (pid, start_time)
+        ended = [
+            self._end(lease, HOLDER_EXITED, f"holder pid {pid} exited")
+            for lease in list(self.leases.values())
+            if (lease.holder.pid, lease.holder.start_time) == key
+        ]
+        for lease in self.leases.values():
+            lease.members.discard(key)
+        dropped = [r for r in self.queue if (r.holder.pid, r.holder.start_time) == key]
+        self.queue = [r for r in self.queue if r not in dropped]
+        return ended, dropped
+
+    def end(self, lease_id: str, state: str, reason: str) -> Lease:
+        return self._end(self._active(lease_id), state, reason)
+
+    def _end(self, lease: Lease, state: str, reason: str) -> Lease:
+        assert state in ENDED_STATES
+        now = self._clock()
+        del self.leases[lease.id]
+        for uuid in lease.devices:
+            if self.owner.get(uuid) == lease.id:
+                del self.owner[uuid]
+            self.last_used[uuid] = now
+        lease.state, lease.end_reason, lease.ended_at = state, reason, now
+        self.ended[lease.id] = lease
+        while len(self.ended) > _HISTORY:
+            del self.ended[next(iter(self.ended))]
+        return lease
+
+    def restore(self, lease: Lease) -> None:
+        """Put back a lease read from the store at start-up; its heartbeat clock restarts."""
+        clash = [u for u in lease.devices if u in self.owner]
+        if clash:
+            raise LeaseError(f"state holds two live leases on device {clash[0]}")
+        lease = replace(lease, last_heartbeat=self._clock())
+        self.leases[lease.id] = lease
+        for uuid in lease.devices:
+            self.owner[uuid] = lease.id
+
+    # -- views -------------------------------------------------------------------------
+
+    def holders_summary(self) -> str:
+        """"gpu0 alice since 10:02, gpu1 bob since 09:41" for the devices now leased."""
+        parts = []
+        for device in sorted(self.devices.values(), key=lambda d: d.index):
+            lease_id = self.owner.get(device.uuid)
+            if lease_id is not None:
+                lease = self.leases[lease_id]
+                since = time.strftime("%H:%M", time.localtime(lease.granted_at))
+                parts.append(f"gpu{device.index} {lease.holder.user or lease.holder.uid} since {since}")
+            elif device.uuid in self.unavailable:
+                parts.append(f"gpu{device.index} busy: {self.unavailable[device.uuid]}")
+            elif not device.healthy:
+                parts.append(f"gpu{device.index} unhealthy")
+        return ", ".join(parts) if parts else "no device is leased"
+
+    def check_invariants(self) -> None:
+        owners: dict[str, str] = {}
+        for lease in self.leases.values():
+            assert lease.active, f"{lease.id} is in the active table but {lease.state}"
+            for uuid in lease.devices:
+                assert uuid not in owners, f"{uuid} held by {owners[uuid]} and {lease.id}"
+                owners[uuid] = lease.id
+        assert owners == self.owner, "owner index out of step with the leases"
+        queued_holders = {r.id for r in self.queue}
+        assert not queued_holders & set(self.owner.values()), "a queued request owns a device"
+        assert not set(self.leases) & set(self.ended), "a lease is both active and ended"

@@ -1,0 +1,187 @@
+"""Assemble and run the daemon: state, inventory, gRPC on a Unix socket, the identity
+side socket, timers, systemd notification and signals.
+
+Start-up order matters: the state is restored and both sockets listen before READY=1.
+Signal handlers only set events; the main coroutine does the work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import signal
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+from vaccel.paths import identity_socket
+from vaccel.v1 import broker_pb2_grpc
+
+from brokerd.config import Config, ConfigError, load_config
+from brokerd.devices import Snapshot
+from brokerd.identity import IdentityServer, TokenAuthority, load_or_create_key
+from brokerd.journal import log_event
+from brokerd.notify import Notifier
+from brokerd.probes import default_probes, run_probes
+from brokerd.probes.simulated import SimulatedProbe
+from brokerd.service import BrokerService
+from brokerd.servicer import BrokerServicer
+from brokerd.store import LeaseStore, StateError
+
+log = logging.getLogger("vaccel.brokerd")
+
+MAX_MESSAGE_BYTES = 1 << 20
+
+
+class StartupError(Exception):
+    """The daemon cannot start; the message says why and what to do."""
+
+
+def inventory_source(config: Config) -> Callable[[], Snapshot]:
+    """Real probing, or the simulated inventory when (and only when) one is configured."""
+    if config.inventory is not None:
+        probe = SimulatedProbe(config.inventory)
+        return lambda: run_probes([probe], cpu_fallback=False)
+    probes = default_probes()
+    return lambda: run_probes(probes)
+
+
+def _lock_state_dir(state_dir: Path) -> int:
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(state_dir / "brokerd.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StartupError(
+            f"another vaccel-brokerd already uses the state directory {state_dir}; "
+            "stop it first (systemctl stop vaccel-brokerd) or pass another --state-dir"
+        ) from None
+    return fd
+
+
+def _prepare_socket(path: Path) -> None:
+    """Make the socket's folder reachable by every user and clear a stale socket."""
+    if not path.parent.exists():
+        path.parent.mkdir(parents=True, mode=0o755)
+        os.chmod(path.parent, 0o755)  # mkdir's mode is masked by the umask
+    if path.exists():
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            path.unlink()  # nobody listens: left over from a crash
+        else:
+            raise StartupError(f"another broker is already listening on {path}")
+        finally:
+            probe.close()
+
+
+class Daemon:
+    def __init__(self, config: Config, config_path: Path | None, overrides: dict[str, Any]) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.overrides = overrides
+        self.notifier = Notifier.from_env()
+        self._stop = asyncio.Event()
+        self._reload = asyncio.Event()
+
+    async def run(self) -> int:
+        config = self.config
+        lock_fd = _lock_state_dir(config.state_dir)
+        store = LeaseStore(config.state_dir)
+        try:
+            active, ended = store.open()
+        except StateError as exc:
+            raise StartupError(str(exc)) from exc
+        loop = asyncio.get_running_loop()
+        source = inventory_source(config)
+        try:
+            snapshot = await loop.run_in_executor(None, source)
+        except ValueError as exc:  # a bad simulated inventory file
+            store.close()
+            raise StartupError(str(exc)) from exc
+        service = BrokerService(config, store, snapshot, refresh=source)
+        service.restore(active, ended)
+
+        authority = TokenAuthority(load_or_create_key(config.state_dir), config.token_ttl_s)
+        _prepare_socket(config.socket)
+        server = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", 16 * MAX_MESSAGE_BYTES),
+        ])
+        broker_pb2_grpc.add_BrokerServicer_to_server(BrokerServicer(service, authority), server)
+        server.add_insecure_port(f"unix:{config.socket}")
+        await server.start()
+        os.chmod(config.socket, config.socket_mode)
+        identity = IdentityServer(authority, identity_socket(config.socket), config.socket_mode)
+        await identity.start()
+        service.start_timers()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        loop.add_signal_handler(signal.SIGHUP, self._reload.set)
+        service.on_change = lambda: self.notifier.status(service.summary())
+        watchdog = asyncio.create_task(self._watchdog())
+
+        devices = len(snapshot.devices)
+        log_event("start", f"serving {devices} {'simulated ' if snapshot.simulated else ''}device(s) "
+                  f"on {config.socket}; {len(active)} lease(s) restored", socket=str(config.socket))
+        self.notifier.ready()
+        self.notifier.status(service.summary())
+        try:
+            while not self._stop.is_set():
+                stop = asyncio.create_task(self._stop.wait())
+                reload = asyncio.create_task(self._reload.wait())
+                await asyncio.wait({stop, reload}, return_when=asyncio.FIRST_COMPLETED)
+                stop.cancel()
+                reload.cancel()
+                if self._reload.is_set():
+                    self._reload.clear()
+                    self._apply_reload(service)
+        finally:
+            self.notifier.stopping()
+            log_event("stop", "shutting down; leases stay recorded and resume on restart")
+            watchdog.cancel()
+            await identity.close()
+            await server.stop(grace=1.0)
+            await service.close()
+            store.close()
+            with contextlib.suppress(FileNotFoundError):
+                config.socket.unlink()
+            os.close(lock_fd)
+        return 0
+
+    def _apply_reload(self, service: BrokerService) -> None:
+        self.notifier.reloading()
+        try:
+            new = load_config(self.config_path, self.overrides)
+        except ConfigError as exc:
+            log_event("reload", f"configuration rejected, keeping the old one: {exc}", level=logging.ERROR)
+        else:
+            immovable = [k for k in ("socket", "state_dir", "inventory") if getattr(new, k) != getattr(self.config, k)]
+            if immovable:
+                log_event("reload", f"{', '.join(immovable)} change only on restart; other settings applied",
+                          level=logging.WARNING)
+            self.config = new
+            service.config = new
+            service.manager.ttl_s = new.heartbeat_ttl_s
+            service.manager.max_duration_s = new.max_lease_duration_s
+            logging.getLogger("vaccel").setLevel(new.log_level.upper())
+            log_event("reload", f"configuration reloaded from {new.source}")
+        self.notifier.ready()
+        self.notifier.status(service.summary())
+
+    async def _watchdog(self) -> None:
+        """Ping from the event loop itself: a hung loop stops the pings and systemd restarts us."""
+        interval = self.notifier.watchdog_interval_s()
+        if interval is None:
+            return
+        while True:
+            self.notifier.watchdog()
+            await asyncio.sleep(interval)

@@ -1,0 +1,271 @@
+"""gRPC servicer: checks the caller's token, validates the message, calls BrokerService,
+and maps domain errors to precise status codes. No broker logic lives here.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import socket
+from collections.abc import AsyncIterator
+
+import grpc
+from vaccel.v1 import broker_pb2 as pb
+from vaccel.v1 import broker_pb2_grpc
+
+from brokerd import __version__
+from brokerd.contract import Requirement
+from brokerd.contract.convert import check_line_to_proto, requirement_from_request
+from brokerd.contract.spec import ContractError
+from brokerd.devices import Device
+from brokerd.identity import TOKEN_METADATA_KEY, Identity, TokenAuthority, TokenError
+from brokerd.leases import Lease, LeaseError
+from brokerd.service import BrokerService, QueuedUpdate
+
+log = logging.getLogger("vaccel.brokerd")
+
+MAX_GPUS = 1024
+MAX_MEMORY_MIB = 1 << 40  # 1 EiB: anything above is a typo, not a GPU
+MAX_WAIT_S = 366 * 86400
+MAX_TEXT = 256 * 1024  # contract files and config: plenty for YAML a human writes
+
+_CODES = {
+    "not_found": grpc.StatusCode.NOT_FOUND,
+    "permission_denied": grpc.StatusCode.PERMISSION_DENIED,
+    "failed_precondition": grpc.StatusCode.FAILED_PRECONDITION,
+    "resource_exhausted": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "deadline_exceeded": grpc.StatusCode.DEADLINE_EXCEEDED,
+    "internal": grpc.StatusCode.INTERNAL,
+}
+
+
+def _holder_pb(lease: Lease) -> pb.Holder:
+    h = lease.holder
+    return pb.Holder(user=h.user, uid=h.uid, pid=h.pid, command=h.command)
+
+
+def device_pb(device: Device, state: str = "", lease: Lease | None = None) -> pb.Device:
+    msg = pb.Device(
+        index=device.index, uuid=device.uuid, vendor=device.vendor, name=device.name,
+        memory_mib=device.memory_mib, pci_bus_id=device.pci_bus_id, arch=device.arch,
+        driver_version=device.driver_version, memory_bandwidth_gbps=device.memory_bandwidth_gbps,
+        healthy=device.healthy, health_reason=device.health_reason, simulated=device.simulated,
+        numa_node=device.numa_node, backend=device.backend, state=state,
+        memory_used_mib=device.memory_used_mib, interconnect_group=device.interconnect_group,
+        runtime_version=device.runtime_version, compute_capability=device.compute_capability,
+        visible_id=device.visible,
+    )
+    if lease is not None:
+        msg.lease_id = lease.id
+        msg.holder.CopyFrom(_holder_pb(lease))
+        msg.since = lease.granted_at
+    return msg
+
+
+class BrokerServicer(broker_pb2_grpc.BrokerServicer):
+    def __init__(self, service: BrokerService, authority: TokenAuthority) -> None:
+        self.service = service
+        self.authority = authority
+
+    # -- helpers -----------------------------------------------------------------------
+
+    async def _identity(self, context: grpc.aio.ServicerContext) -> Identity:
+        token = next((v for k, v in context.invocation_metadata() or () if k == TOKEN_METADATA_KEY), None)
+        try:
+            return self.authority.verify(token)
+        except TokenError as exc:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
+            raise  # abort raises; this line only reassures type checkers
+
+    async def _fail(self, context: grpc.aio.ServicerContext, exc: Exception) -> None:
+        if isinstance(exc, LeaseError):
+            await context.abort(_CODES.get(exc.kind, grpc.StatusCode.FAILED_PRECONDITION), str(exc))
+        if isinstance(exc, ContractError):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        raise exc
+
+    def lease_pb(self, lease: Lease) -> pb.Lease:
+        devices = self.service.manager.devices
+        msg = pb.Lease(
+            id=lease.id, backend=lease.backend, granted_at=lease.granted_at,
+            expires_at=lease.expires_at, heartbeat_interval_s=heartbeat_interval(self.service.manager.ttl_s),
+            ttl_s=self.service.manager.ttl_s, state=lease.state, end_reason=lease.end_reason,
+            allocator_config=lease.terms.allocator_config, memory_cap_mib=lease.terms.memory_cap_mib,
+            member_pids=sorted(p for p, _ in lease.members), simulated=lease.simulated,
+            accelerator_config_yaml=lease.terms.accelerator_config_yaml, ended_at=lease.ended_at,
+        )
+        msg.holder.CopyFrom(_holder_pb(lease))
+        for uuid in lease.devices:
+            device = devices.get(uuid)
+            if device is not None:
+                msg.devices.append(device_pb(device, "leased" if lease.active else "", lease))
+            else:
+                msg.devices.append(pb.Device(uuid=uuid, state="missing"))
+        msg.warnings.extend(check_line_to_proto(w) for w in lease.warnings)
+        return msg
+
+    # -- RPCs --------------------------------------------------------------------------
+
+    async def Acquire(
+        self, request: pb.AcquireRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.AcquireUpdate]:
+        identity = await self._identity(context)
+        problem = _validate_acquire(request)
+        if problem:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        try:
+            requirement: Requirement = requirement_from_request(
+                request.gpus, request.min_memory_mib, request.runtime_spec_yaml,
+                request.runtime_spec_name or "runtime-spec.yaml", request.accelerator_config_yaml,
+                request.accelerator_config_name or "accelerator-config.yaml", request.client,
+            )
+        except ContractError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        wait = request.wait_forever or request.max_wait_seconds > 0
+        max_wait = None if request.wait_forever else request.max_wait_seconds
+        updates = self.service.acquire(
+            identity, requirement, wait=wait, max_wait_s=max_wait, command=request.command[:200],
+            accelerator_config_yaml=request.accelerator_config_yaml,
+        )
+        try:
+            async for update in updates:
+                if isinstance(update, QueuedUpdate):
+                    queued = pb.Queued(position=update.position, total=update.total, message=update.message)
+                    yield pb.AcquireUpdate(queued=queued)
+                else:
+                    yield pb.AcquireUpdate(granted=self.lease_pb(update))
+        except (LeaseError, ContractError) as exc:
+            await self._fail(context, exc)
+        finally:
+            await updates.aclose()
+
+    async def Heartbeat(self, request: pb.LeaseRef, context: grpc.aio.ServicerContext) -> pb.HeartbeatReply:
+        identity = await self._identity(context)
+        try:
+            lease = await self.service.heartbeat(identity, request.lease_id)
+        except LeaseError as exc:
+            await self._fail(context, exc)
+        return pb.HeartbeatReply(ttl_s=self.service.manager.ttl_s, expires_at=lease.expires_at)
+
+    async def Release(self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext) -> pb.Lease:
+        identity = await self._identity(context)
+        try:
+            lease = await self.service.release(identity, request.lease_id, request.reason[:500])
+        except LeaseError as exc:
+            await self._fail(context, exc)
+        return self.lease_pb(lease)
+
+    async def Join(self, request: pb.LeaseRef, context: grpc.aio.ServicerContext) -> pb.Lease:
+        identity = await self._identity(context)
+        try:
+            lease = await self.service.join(identity, request.lease_id)
+        except LeaseError as exc:
+            await self._fail(context, exc)
+        return self.lease_pb(lease)
+
+    async def GetLease(self, request: pb.LeaseRef, context: grpc.aio.ServicerContext) -> pb.Lease:
+        identity = await self._identity(context)
+        try:
+            lease = self.service.manager.get(request.lease_id)
+        except LeaseError as exc:
+            await self._fail(context, exc)
+        if lease.holder.uid != identity.uid and not self.service.is_admin(identity):
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"lease {lease.id} belongs to {lease.holder.user}")
+        return self.lease_pb(lease)
+
+    async def ListLeases(
+        self, request: pb.ListLeasesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListLeasesReply:
+        identity = await self._identity(context)
+        if request.all and not self.service.is_admin(identity):
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"--all lists every user's leases: root or the {self.service.config.admin_group!r} "
+                "group only; `vaccel status` shows who holds each device",
+            )
+        manager = self.service.manager
+        leases = list(manager.leases.values())
+        if request.include_ended:
+            leases += list(manager.ended.values())
+        if not request.all:
+            leases = [lease for lease in leases if lease.holder.uid == identity.uid]
+        leases.sort(key=lambda lease: lease.granted_at)
+        return pb.ListLeasesReply(leases=[self.lease_pb(lease) for lease in leases])
+
+    async def Status(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.StatusReply:
+        await self._identity(context)
+        service = self.service
+        reply = pb.StatusReply(hostname=socket.gethostname(), version=__version__,
+                               simulated=service.snapshot.simulated)
+        for device in sorted(service.manager.devices.values(), key=lambda d: d.index):
+            state, lease = service.device_view(device)
+            reply.devices.append(device_pb(device, state, lease))
+        for position, queued in enumerate(service.manager.queue, start=1):
+            h = queued.holder
+            reply.queue.append(pb.QueueEntry(
+                request_id=queued.id, requester=pb.Holder(user=h.user, uid=h.uid, pid=h.pid, command=h.command),
+                gpus=queued.requirement.gpus, min_memory_mib=queued.requirement.min_memory_mib,
+                since=queued.since, position=position,
+            ))
+        for proc in service.unleased_processes():
+            reply.unleased_processes.append(pb.GpuProcess(
+                pid=proc.pid, uid=max(proc.uid, 0), user=proc.user, command=proc.command,
+                used_memory_mib=proc.used_memory_mib, device_uuid=proc.device_uuid,
+            ))
+        for verdict in service.snapshot.verdicts:
+            reply.probes.append(pb.ProbeVerdict(vendor=verdict.vendor, available=verdict.available,
+                                                reason=verdict.reason))
+        return reply
+
+    async def Check(self, request: pb.CheckRequest, context: grpc.aio.ServicerContext) -> pb.CheckReply:
+        await self._identity(context)
+        if len(request.runtime_spec_yaml) > MAX_TEXT or len(request.accelerator_config_yaml) > MAX_TEXT:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "contract file larger than 256 KiB")
+        try:
+            requirement = requirement_from_request(
+                max(request.gpus, 1), max(request.min_memory_mib, 0), request.runtime_spec_yaml,
+                request.runtime_spec_name or "runtime-spec.yaml", request.accelerator_config_yaml,
+                request.accelerator_config_name or "accelerator-config.yaml", request.client,
+            )
+        except ContractError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        from brokerd.contract import evaluate
+
+        devices = sorted(self.service.manager.devices.values(), key=lambda d: d.index)
+        evaluation = evaluate(requirement, devices)
+        reply = pb.CheckReply(satisfiable=evaluation.satisfiable, summary=evaluation.reason)
+        reply.host_checks.extend(check_line_to_proto(line) for line in evaluation.host_checks)
+        for device in devices:
+            state, lease = self.service.device_view(device)
+            reply.devices.append(pb.DeviceCheck(
+                device=device_pb(device, state, lease),
+                eligible=device.uuid in evaluation.eligible,
+                checks=[check_line_to_proto(line) for line in evaluation.per_device.get(device.uuid, ())],
+            ))
+        reply.suggestions.extend(evaluation.suggestions)
+        return reply
+
+
+def heartbeat_interval(ttl_s: float) -> float:
+    """Beat often enough that two lost beats still fit in the TTL, and at least every 5 s
+    so a revoked holder hears of it promptly."""
+    return max(0.2, min(ttl_s / 4, 5.0))
+
+
+def _validate_acquire(request: pb.AcquireRequest) -> str:
+    if request.gpus < 1:
+        return "gpus must be at least 1"
+    if request.gpus > MAX_GPUS:
+        return f"gpus={request.gpus} is absurd: at most {MAX_GPUS}"
+    if request.min_memory_mib < 0:
+        return "min_memory must not be negative"
+    if request.min_memory_mib > MAX_MEMORY_MIB:
+        return f"min_memory={request.min_memory_mib} MiB is absurd"
+    wait = request.max_wait_seconds
+    if math.isnan(wait) or wait < 0 or wait > MAX_WAIT_S:
+        return f"wait must be between 0 and {MAX_WAIT_S} seconds (or forever), got {wait}"
+    if len(request.runtime_spec_yaml) > MAX_TEXT or len(request.accelerator_config_yaml) > MAX_TEXT:
+        return "contract file larger than 256 KiB"
+    return ""
+

@@ -1,0 +1,139 @@
+"""The client's connection to the broker: a gRPC channel over the Unix socket plus the
+identity token minted by the daemon's side socket from the kernel's view of this process.
+
+A connection belongs to the process that made it: after a fork the child gets a fresh
+channel and token of its own (it is another pid), never the parent's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+from vaccel.paths import client_socket, identity_socket
+from vaccel.v1 import broker_pb2_grpc
+
+TOKEN_METADATA_KEY = "vaccel-token"
+_RENEW_BEFORE_S = 60.0
+T = TypeVar("T")
+
+
+class BrokerUnavailable(ConnectionError):
+    """The broker cannot be reached; the message says where we looked and what to try."""
+
+
+def _unreachable(path: Path, why: str) -> BrokerUnavailable:
+    return BrokerUnavailable(
+        f"cannot reach the vaccel broker at {path}: {why}. Is vaccel-brokerd running? "
+        "(systemctl status vaccel-brokerd; or set VACCEL_SOCKET to your broker's socket)"
+    )
+
+
+class BrokerConnection:
+    def __init__(self, socket_path: str | os.PathLike[str] | None = None) -> None:
+        self.path = client_socket(socket_path)
+        self._lock = threading.Lock()
+        self._pid = -1
+        self._channel: grpc.Channel | None = None
+        self._stub: broker_pb2_grpc.BrokerStub | None = None
+        self._token = ""
+        self._token_expires = 0.0
+
+    # -- identity ----------------------------------------------------------------------
+
+    def _mint_token(self) -> None:
+        id_path = identity_socket(self.path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(10)
+        try:
+            sock.connect(str(id_path))
+            data = b""
+            while not data.endswith(b"\n"):
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+        except FileNotFoundError:
+            raise _unreachable(self.path, "no broker socket there") from None
+        except PermissionError:
+            raise _unreachable(self.path, "permission denied on the socket") from None
+        except OSError as exc:
+            raise _unreachable(self.path, exc.strerror or str(exc)) from None
+        finally:
+            sock.close()
+        try:
+            reply = json.loads(data)
+            self._token, self._token_expires = reply["token"], float(reply["expires"])
+        except (ValueError, KeyError, TypeError):
+            why = reply.get("error", "bad identity reply") if isinstance(reply, dict) else "bad identity reply"
+            raise _unreachable(self.path, why) from None
+
+    def _ensure(self) -> broker_pb2_grpc.BrokerStub:
+        with self._lock:
+            if self._pid != os.getpid():
+                # A forked child must not touch its parent's channel: start afresh.
+                self._channel = grpc.insecure_channel(
+                    f"unix:{self.path}", options=[("grpc.enable_retries", 0)])
+                self._stub = broker_pb2_grpc.BrokerStub(self._channel)
+                self._token, self._token_expires, self._pid = "", 0.0, os.getpid()
+            if not self._token or self._token_expires - time.time() < _RENEW_BEFORE_S:
+                self._mint_token()
+            assert self._stub is not None
+            return self._stub
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return ((TOKEN_METADATA_KEY, self._token),)
+
+    # -- calls -------------------------------------------------------------------------
+
+    def call(self, method: str, request: Any, *, timeout: float = 30.0,
+             retry_unavailable_s: float = 0.0) -> Any:
+        """A unary call. A rejected token (daemon restarted with a new key) is renewed once;
+        UNAVAILABLE is retried for `retry_unavailable_s` (a daemon restart takes a moment)."""
+        deadline = time.monotonic() + retry_unavailable_s
+        renewed = False
+        delay = 0.05
+        while True:
+            stub = self._ensure()
+            try:
+                return getattr(stub, method)(request, timeout=timeout, metadata=self.metadata())
+            except grpc.RpcError as exc:
+                code = exc.code()
+                if code == grpc.StatusCode.UNAUTHENTICATED and not renewed:
+                    renewed = True
+                    self._token = ""
+                    continue
+                if code == grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline:
+                    time.sleep(delay)
+                    delay = min(delay * 2, 1.0)
+                    continue
+                if code == grpc.StatusCode.UNAVAILABLE:
+                    raise _unreachable(self.path, exc.details() or "unavailable") from None
+                raise
+
+    def stream(self, method: str, request: Any, *, timeout: float | None = None) -> Any:
+        stub = self._ensure()
+        return getattr(stub, method)(request, timeout=timeout, metadata=self.metadata())
+
+    def with_token_retry(self, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAUTHENTICATED:
+                raise
+            self._token = ""
+            self._ensure()
+            return fn()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._channel is not None and self._pid == os.getpid():
+                self._channel.close()
+            self._channel, self._stub, self._pid = None, None, -1
