@@ -25,7 +25,7 @@ from vaccel.v1 import broker_pb2_grpc
 from brokerd.config import Config, ConfigError, load_config
 from brokerd.devices import Snapshot
 from brokerd.identity import IdentityServer, TokenAuthority, load_or_create_key
-from brokerd.journal import log_event
+from brokerd.journal import log_event, setup_logging
 from brokerd.notify import Notifier
 from brokerd.probes import default_probes, run_probes
 from brokerd.probes.simulated import SimulatedProbe
@@ -172,7 +172,7 @@ class Daemon:
             service.config = new
             service.manager.ttl_s = new.heartbeat_ttl_s
             service.manager.max_duration_s = new.max_lease_duration_s
-            logging.getLogger("vaccel").setLevel(new.log_level.upper())
+            setup_logging(new.log_level)
             log_event("reload", f"configuration reloaded from {new.source}")
         self.notifier.ready()
         self.notifier.status(service.summary())

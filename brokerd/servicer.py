@@ -181,8 +181,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         if request.all and not self.service.is_admin(identity):
             await context.abort(
                 grpc.StatusCode.PERMISSION_DENIED,
-                f"--all lists every user's leases: root or the {self.service.config.admin_group!r} "
-                "group only; `vaccel status` shows who holds each device",
+                f"--all lists every user's leases: only root and members of the admin group "
+                f"{self.service.config.admin_group!r} may; `vaccel status` shows who holds each device",
             )
         manager = self.service.manager
         leases = list(manager.leases.values())

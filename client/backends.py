@@ -16,7 +16,8 @@ class Backend:
     allocator_var: str  # torch's memory-pool setting, "" where torch has none
     torch_device_type: str  # the torch.device type: ROCm is torch's cuda type
     dist_backend: str  # torch.distributed backend for multi-rank jobs
-    runtime_markers: tuple[str, ...] = ()  # torch modules whose init would pin devices
+    # Variables that number devices within what the first filter left (0..n-1).
+    renumbered_vars: tuple[str, ...] = ()
 
 
 BACKENDS: dict[str, Backend] = {
@@ -31,7 +32,10 @@ BACKENDS: dict[str, Backend] = {
     ),
     "rocm": Backend(
         name="rocm",
-        visible_devices_vars=("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"),
+        # ROCR filters first and HIP numbers within what is left: the ids go to ROCR,
+        # and HIP sees the leased devices as 0..n-1 (same ids in both would hide them).
+        visible_devices_vars=("ROCR_VISIBLE_DEVICES",),
+        renumbered_vars=("HIP_VISIBLE_DEVICES",),
         extra_env=(),
         allocator_var="PYTORCH_HIP_ALLOC_CONF",
         torch_device_type="cuda",
@@ -40,7 +44,8 @@ BACKENDS: dict[str, Backend] = {
     "xpu": Backend(
         name="xpu",
         visible_devices_vars=("ZE_AFFINITY_MASK",),
-        extra_env=(),
+        # Number devices by PCI order like the probe does, and a multi-tile card as one device.
+        extra_env=(("ZE_ENABLE_PCI_ID_DEVICE_ORDER", "1"), ("ZE_FLAT_DEVICE_HIERARCHY", "COMPOSITE")),
         allocator_var="",
         torch_device_type="xpu",
         dist_backend="xccl",
@@ -59,7 +64,7 @@ BACKENDS: dict[str, Backend] = {
 DEVICE_ENV_VARS = tuple(sorted({
     var
     for b in BACKENDS.values()
-    for var in (*b.visible_devices_vars, *(k for k, _ in b.extra_env), b.allocator_var)
+    for var in (*b.visible_devices_vars, *b.renumbered_vars, *(k for k, _ in b.extra_env), b.allocator_var)
     if var
 }))
 
@@ -94,6 +99,8 @@ def lease_env(
     joined = ",".join(device_ids)
     for var in b.visible_devices_vars:
         env[var] = joined
+    for var in b.renumbered_vars:
+        env[var] = ",".join(str(i) for i in range(len(device_ids)))
     env.update(dict(b.extra_env))
     if allocator_config and b.allocator_var:
         env[b.allocator_var] = allocator_config

@@ -222,7 +222,7 @@ def _size(text: str | None) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from vaccel.runner import run_under_lease
+    from vaccel.runner import Interrupted, run_under_lease
 
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not command:
@@ -242,6 +242,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             command, gpus=args.gpus, min_memory_mib=_size(args.min_memory), contract=args.contract,
             config=args.config, wait=wait, socket=args.socket, quiet=args.quiet,
         )
+    except Interrupted as exc:
+        raise CliError(str(exc), exc.exit_code) from None
     except LeaseError as exc:
         code = {"resource_exhausted": EXIT_TEMPFAIL, "deadline_exceeded": EXIT_TEMPFAIL,
                 "unavailable": EXIT_UNAVAILABLE, "invalid_argument": EXIT_USAGE}.get(exc.code, EXIT_REFUSED)

@@ -101,6 +101,10 @@ class Lease:
     def end_reason(self) -> str:
         return self._lost_reason or ("released" if self._released else "")
 
+    def mark_lost(self, reason: str) -> None:
+        """Record that the broker ended the lease; every later check() raises LeaseLost."""
+        self._lost_reason = reason
+
     def check(self) -> None:
         """Raise LeaseLost when the lease is over: call it before touching the devices."""
         if self._lost_reason:
@@ -124,7 +128,7 @@ class Lease:
         return f"<Lease {self.id} {self.backend} [{names}]{' joined' if self.joined else ''}>"
 
 
-class _Heartbeat(threading.Thread):
+class Heartbeat(threading.Thread):
     """Keeps the lease alive; notices when it has ended and tells the main thread."""
 
     def __init__(self, lease_obj: Lease, connection: BrokerConnection,
@@ -217,7 +221,7 @@ class lease:
         self.command = command or " ".join(sys.argv)[:200]
         self._lease: Lease | None = None
         self._connection: BrokerConnection | None = None
-        self._heartbeat: _Heartbeat | None = None
+        self._heartbeat: Heartbeat | None = None
         self._saved_env: dict[str, str | None] = {}
         self._saved_handlers: dict[int, Any] = {}
         self._owner_thread = 0
@@ -266,7 +270,7 @@ class lease:
             self._connection.close()
             raise
         self._apply_env(self._lease.env)
-        self._heartbeat = _Heartbeat(self._lease, self._connection, self._lost)
+        self._heartbeat = Heartbeat(self._lease, self._connection, self._lost)
         self._heartbeat.start()
         self._install_signal_handlers()
         for warning in self._lease.warnings:
@@ -328,7 +332,7 @@ class lease:
         return acquire_lease(self._connection, request, self.on_queue)
 
     def _lost(self, lost: Lease, reason: str) -> None:
-        lost._lost_reason = reason
+        lost.mark_lost(reason)
         if self.on_lost is not None:
             self.on_lost(lost, reason)
             return
@@ -379,23 +383,39 @@ def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
 
 def acquire_lease(connection: BrokerConnection, request: pb.AcquireRequest,
                   on_queue: Callable[[str], None] | None) -> pb.Lease:
-    """Run the Acquire stream until the grant; map refusals to LeaseError. Shared by
-    lease() and `vaccel run`."""
+    """Run the Acquire stream until the grant; map refusals to LeaseError."""
+    return consume_acquire(open_acquire(connection, request), on_queue)
+
+
+def open_acquire(connection: BrokerConnection, request: pb.AcquireRequest) -> Any:
+    """Start the Acquire stream; cancelling the returned call leaves the queue."""
     try:
-        call = connection.stream("Acquire", request)
+        return connection.stream("Acquire", request)
     except BrokerUnavailable as exc:
         raise LeaseError(str(exc), "unavailable") from None
+
+
+def consume_acquire(call: Any, on_queue: Callable[[str], None] | None) -> pb.Lease:
+    """Read queue updates until the grant. Shared by lease() and `vaccel run`."""
+    granted: pb.Lease | None = None
     try:
+        # Read to the end of the stream even after the grant: the broker ends it right
+        # away, and a call dropped before that looks like a client that left, whose
+        # grant the broker then takes back.
         for update in call:
             if update.HasField("granted"):
-                return update.granted
-            if on_queue is not None and update.queued.message:
+                granted = update.granted
+            elif on_queue is not None and update.queued.message:
                 on_queue(update.queued.message)
     except grpc.RpcError as exc:
         if exc.code() == grpc.StatusCode.UNAVAILABLE:
             raise LeaseError(f"lost the broker while waiting: {exc.details()}", "unavailable") from None
+        if exc.code() == grpc.StatusCode.CANCELLED:
+            raise LeaseError("the request was cancelled", "cancelled") from None
         raise error_from_rpc(exc) from None
     except BaseException:
         call.cancel()  # Ctrl-C while queued: leave the queue
         raise
-    raise LeaseError("the broker ended the request without a grant", "internal")
+    if granted is None:
+        raise LeaseError("the broker ended the request without a grant", "internal")
+    return granted

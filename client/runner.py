@@ -16,13 +16,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import grpc
 from vaccel.backends import DEVICE_ENV_VARS
 from vaccel.connection import BrokerConnection, BrokerUnavailable
-from vaccel.leasing import Lease, _Heartbeat, acquire_lease
+from vaccel.leasing import Heartbeat, Lease, LeaseError, consume_acquire, open_acquire
 from vaccel.v1 import broker_pb2 as pb
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -68,18 +69,50 @@ def run_under_lease(
     from vaccel.contract_files import load_contract_files
     from vaccel.facts import gather_facts
 
-    files = load_contract_files(contract, config, Path.cwd())
-    request = pb.AcquireRequest(
-        gpus=gpus, min_memory_mib=min_memory_mib,
-        wait_forever=wait is True, max_wait_seconds=0.0 if isinstance(wait, bool) else float(wait),
-        runtime_spec_yaml=files.spec_text, runtime_spec_name=files.spec_name,
-        accelerator_config_yaml=files.config_text, accelerator_config_name=files.config_name,
-        command=" ".join(command)[:200],
-    )
-    if files.spec_text or files.config_text:
-        # Only a contract needs the interpreter's torch facts; importing torch costs seconds.
-        request.client.CopyFrom(gather_facts(files.packages))
-    connection = BrokerConnection(socket)
+    # Block the signals we forward before any thread exists (gRPC starts some), so every
+    # thread inherits the mask and only the main thread's sigtimedwait ever takes them.
+    signal.pthread_sigmask(signal.SIG_BLOCK, _WAITED)
+    try:
+        files = load_contract_files(contract, config, Path.cwd())
+        request = pb.AcquireRequest(
+            gpus=gpus, min_memory_mib=min_memory_mib,
+            wait_forever=wait is True, max_wait_seconds=0.0 if isinstance(wait, bool) else float(wait),
+            runtime_spec_yaml=files.spec_text, runtime_spec_name=files.spec_name,
+            accelerator_config_yaml=files.config_text, accelerator_config_name=files.config_name,
+            command=" ".join(command)[:200],
+        )
+        if files.spec_text or files.config_text:
+            # Only a contract needs the interpreter's torch facts; importing torch costs seconds.
+            request.client.CopyFrom(gather_facts(files.packages))
+        connection = BrokerConnection(socket)
+        try:
+            granted = _acquire_interruptibly(connection, request, quiet)
+            lease_obj = Lease(granted, joined=False, connection=connection)
+            names = ", ".join(f"gpu{d.index} {d.name}" for d in lease_obj.devices)
+            _say(quiet, f"lease {lease_obj.id}: {names}" + (" (simulated)" if lease_obj.simulated else ""))
+            for warning in lease_obj.warnings:
+                _say(quiet, f"warning: {warning}")
+            try:
+                env = child_env(lease_obj, getattr(files, "config_path", None))
+                return _supervise(command, lease_obj, connection, env)
+            finally:
+                _release(connection, lease_obj, quiet)
+        finally:
+            connection.close()
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _WAITED)
+
+
+class Interrupted(Exception):
+    """A signal arrived while we waited in the queue; the request was withdrawn."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"interrupted by {signal.Signals(signum).name} while waiting; left the queue")
+        self.exit_code = 128 + signum
+
+
+def _acquire_interruptibly(connection: BrokerConnection, request: pb.AcquireRequest, quiet: bool) -> pb.Lease:
+    """Wait for the grant on a worker thread while the main thread watches for signals."""
     last = [""]
 
     def on_queue(message: str) -> None:
@@ -87,55 +120,93 @@ def run_under_lease(
             last[0] = message
             _say(quiet, message)
 
-    granted = acquire_lease(connection, request, on_queue)
-    lease_obj = Lease(granted, joined=False, connection=connection)
-    names = ", ".join(f"gpu{d.index} {d.name}" for d in lease_obj.devices)
-    _say(quiet, f"lease {lease_obj.id}: {names}" + (" (simulated)" if lease_obj.simulated else ""))
-    for warning in lease_obj.warnings:
-        _say(quiet, f"warning: {warning}")
-    try:
-        return _supervise(command, lease_obj, connection, child_env(lease_obj, getattr(files, "config_path", None)), quiet)
-    finally:
-        _release(connection, lease_obj, quiet)
-        connection.close()
+    call = open_acquire(connection, request)
+    outcome: dict[str, object] = {}
+
+    def consume() -> None:
+        try:
+            outcome["lease"] = consume_acquire(call, on_queue)
+        except BaseException as exc:  # handed to the main thread below
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=consume, name="vaccel-acquire", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        info = signal.sigtimedwait(FORWARDED, 0.2)
+        if info is not None and info.si_signo in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+            call.cancel()
+            worker.join(5)
+            raise Interrupted(info.si_signo)
+    if "error" in outcome:
+        raise outcome["error"]  # type: ignore[misc]
+    granted = outcome["lease"]
+    if not isinstance(granted, pb.Lease):
+        raise LeaseError("the broker ended the request without a grant", "internal")
+    return granted
 
 
-def _supervise(command: list[str], lease_obj: Lease, connection: BrokerConnection,
-               env: dict[str, str], quiet: bool) -> int:
-    signal.pthread_sigmask(signal.SIG_BLOCK, _WAITED)
+def _supervise(command: list[str], lease_obj: Lease, connection: BrokerConnection, env: dict[str, str]) -> int:
+    """Run the command, forward signals, stop it if the lease ends; return its status."""
+    parent = os.getpid()
     try:
-        parent = os.getpid()
-        try:
-            child = subprocess.Popen(command, env=env, preexec_fn=lambda: _child_setup(parent))
-        except OSError as exc:
-            _say(False, f"cannot run {command[0]}: {exc.strerror}")
-            return 127 if isinstance(exc, FileNotFoundError) else 126
-        lost: list[str] = []
-        heartbeat = _Heartbeat(lease_obj, connection, lambda _lease, reason: lost.append(reason))
-        heartbeat.start()
-        killed_at = 0.0
-        try:
-            while True:
-                info = signal.sigtimedwait(_WAITED, 0.2)
-                if info is not None and info.si_signo != signal.SIGCHLD:
-                    from_terminal = info.si_signo == signal.SIGINT and info.si_code == _SI_KERNEL
-                    if not from_terminal:
-                        child.send_signal(info.si_signo)
-                if child.poll() is not None:
-                    break
-                if lost and not killed_at:
-                    lease_obj._lost_reason = lost[0]
-                    _say(False, f"lease {lease_obj.id} ended: {lost[0]}; stopping the command")
-                    child.terminate()
-                    killed_at = time.monotonic()
-                elif killed_at and time.monotonic() - killed_at > LOST_GRACE_S:
-                    child.kill()
-        finally:
-            heartbeat.stop()
-        code = child.returncode
-        return 128 - code if code < 0 else code
+        child = subprocess.Popen(command, env=env, preexec_fn=lambda: _child_setup(parent))
+    except OSError as exc:
+        _say(False, f"cannot run {command[0]}: {exc.strerror}")
+        return 127 if isinstance(exc, FileNotFoundError) else 126
+    lost: list[str] = []
+    heartbeat = Heartbeat(lease_obj, connection, lambda _lease, reason: lost.append(reason))
+    heartbeat.start()
+    stopped_at = 0.0
+    try:
+        while child.poll() is None:
+            info = signal.sigtimedwait(_WAITED, 0.2)
+            if info is not None and info.si_signo != signal.SIGCHLD:
+                # Ctrl-C from the terminal already reached the child (same process group).
+                from_terminal = info.si_signo == signal.SIGINT and info.si_code == _SI_KERNEL
+                if not from_terminal:
+                    child.send_signal(info.si_signo)
+            if lost and not stopped_at:
+                lease_obj.mark_lost(lost[0])
+                _say(False, f"lease {lease_obj.id} ended: {lost[0]}; stopping the command")
+                _signal_tree(child.pid, signal.SIGTERM)
+                stopped_at = time.monotonic()
+            elif stopped_at and time.monotonic() - stopped_at > LOST_GRACE_S:
+                _signal_tree(child.pid, signal.SIGKILL)
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _WAITED)
+        heartbeat.stop()
+    code = child.returncode
+    return 128 - code if code < 0 else code
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` (children of children...), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _signal_tree(pid: int, sig: int) -> None:
+    """Signal the command and everything it started: a shell wrapper must not leave its
+    children computing on a device the lease no longer holds."""
+    for target in [pid, *_descendants(pid)]:
+        try:
+            os.kill(target, sig)
+        except ProcessLookupError:
+            pass
 
 
 def _release(connection: BrokerConnection, lease_obj: Lease, quiet: bool) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -53,9 +54,15 @@ class Broker:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"broker exited with {self.proc.returncode}:\n{self.log.read_text()}")
-            if self.socket.exists() and id_socket.exists():
+            # Connect, not just exists(): a kill -9 leaves stale socket files behind.
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(str(id_socket))
                 return self
-            time.sleep(0.02)
+            except OSError:
+                time.sleep(0.02)
+            finally:
+                probe.close()
         raise RuntimeError(f"broker did not start in {timeout}s:\n{self.log.read_text()}")
 
     def kill9(self) -> None:

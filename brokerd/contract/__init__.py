@@ -2,7 +2,8 @@
 accelerator-config.yaml, the client's own torch build) checked against each device.
 
 The lease manager sees only `Requirement`, `evaluate` and `select`; parsing of the
-contract files and the individual checks live in the modules of this package.
+contract files and the individual checks live in the modules of this package. A bad
+contract file raises `ContractError` (a ValueError naming file, line and key).
 """
 
 from __future__ import annotations
@@ -10,7 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from brokerd.contract.located import ContractError
 from brokerd.devices import Device
+
+__all__ = ["CheckLine", "ClientFacts", "ContractError", "Evaluation", "Requirement", "evaluate",
+           "select"]
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,12 @@ only `--inventory FILE` selects it.
         compute_capability: "8.0"     # amd: gfx_target: gfx90a; intel: arch: Xe_HPG
         driver_version: "535.54.03"
         memory_bandwidth_gbps: 2039
+    processes:                        # optional: GPU processes the probe "sees"
+      - device_uuid: GPU-6f1a0c2e-0000-0000-0000-000000000001
+        pid: 12345
+        used_memory_mib: 1024
+        user: bob                     # optional, shown when /proc has no such pid
+        command: python3 train.py     # optional
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from brokerd.devices import Device, ProbeResult, ProbeVerdict
+from brokerd.devices import Device, GpuProcess, ProbeResult, ProbeVerdict
 
 # Vendor -> (torch backend, the key that carries its architecture).
 _VENDORS: dict[str, tuple[str, str]] = {
@@ -57,7 +63,8 @@ def _device(entry: Any, index: int, source: str) -> Device:
         raise InventoryError(f"{where}: unknown key(s) {', '.join(unknown)}")
     vendor = str(entry.get("vendor", "")).lower()
     if vendor not in _VENDORS:
-        raise InventoryError(f"{where}: vendor must be one of {', '.join(_VENDORS)}, got {vendor!r}")
+        known = ", ".join(_VENDORS)
+        raise InventoryError(f"{where}: vendor must be one of {known}, got {vendor!r}")
     backend, arch_key = _VENDORS[vendor]
     for key in ("name", "uuid", "memory_mib"):
         if key not in entry:
@@ -94,13 +101,58 @@ def _device(entry: Any, index: int, source: str) -> Device:
     )
 
 
-def parse_inventory(text: str, source: str = "<inventory>") -> tuple[Device, ...]:
+_PROCESS_KEYS = {"device_uuid", "pid", "used_memory_mib", "user", "uid", "command"}
+
+
+def _process(entry: Any, index: int, source: str, uuids: set[str]) -> GpuProcess:
+    where = f"{source}: processes[{index}]"
+    if not isinstance(entry, dict):
+        raise InventoryError(f"{where}: expected a mapping, got {type(entry).__name__}")
+    unknown = sorted(set(entry) - _PROCESS_KEYS)
+    if unknown:
+        raise InventoryError(f"{where}: unknown key(s) {', '.join(unknown)}")
+    for key in ("device_uuid", "pid"):
+        if key not in entry:
+            raise InventoryError(f"{where}: missing required key {key!r}")
+    if str(entry["device_uuid"]) not in uuids:
+        raise InventoryError(f"{where}: device_uuid {entry['device_uuid']} names no device")
+    try:
+        pid = int(entry["pid"])
+        used = int(entry.get("used_memory_mib", 0) or 0)
+        uid = int(entry.get("uid", -1))
+    except (TypeError, ValueError) as exc:
+        raise InventoryError(f"{where}: {exc}") from exc
+    if pid <= 0 or used < 0:
+        raise InventoryError(f"{where}: pid must be positive and used_memory_mib not negative")
+    return GpuProcess(pid=pid, device_uuid=str(entry["device_uuid"]), used_memory_mib=used,
+                      uid=uid, user=str(entry.get("user", "")),
+                      command=str(entry.get("command", "")))
+
+
+def _load(text: str, source: str) -> dict[str, Any]:
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise InventoryError(f"{source}: not valid YAML: {exc}") from exc
     if not isinstance(doc, dict) or not isinstance(doc.get("devices"), list):
         raise InventoryError(f"{source}: expected a top-level 'devices:' list")
+    return doc
+
+
+def parse_processes(
+    text: str, devices: tuple[Device, ...], source: str = "<inventory>"
+) -> tuple[GpuProcess, ...]:
+    """The optional top-level `processes:` list: simulated GPU processes (no lease
+    needed), each on a device of `devices`."""
+    listed = _load(text, source).get("processes") or []
+    if not isinstance(listed, list):
+        raise InventoryError(f"{source}: 'processes:' must be a list")
+    uuids = {d.uuid for d in devices}
+    return tuple(_process(e, i, source, uuids) for i, e in enumerate(listed))
+
+
+def parse_inventory(text: str, source: str = "<inventory>") -> tuple[Device, ...]:
+    doc = _load(text, source)
     devices = tuple(_device(e, i, source) for i, e in enumerate(doc["devices"]))
     uuids = [d.uuid for d in devices]
     dupes = sorted({u for u in uuids if uuids.count(u) > 1})
@@ -123,5 +175,8 @@ class SimulatedProbe:
         except OSError as exc:
             raise InventoryError(f"{self.path}: cannot read: {exc.strerror}") from exc
         devices = parse_inventory(text, str(self.path))
-        verdict = ProbeVerdict("simulated", True, f"{len(devices)} simulated device(s) from {self.path}")
-        return ProbeResult(verdict=verdict, devices=devices)
+        processes = parse_processes(text, devices, str(self.path))
+        verdict = ProbeVerdict(
+            "simulated", True, f"{len(devices)} simulated device(s) from {self.path}"
+        )
+        return ProbeResult(verdict=verdict, devices=devices, processes=processes)

@@ -1,0 +1,44 @@
+"""`vaccel check` output: the daemon's CheckReply as one line per check.
+
+    [CHECK] PyTorch version: 2.1.0+cu121 (matches 2.1.0,2.2.0) - OK
+    GPU 0  NVIDIA A100-SXM4-80GB  eligible
+    [CHECK] GPU compute capability: sm_80 (A100) - OK
+    GPU 2  AMD Instinct MI250X  not eligible
+    [ERROR] GPU compute capability: required sm_80, found gfx90a (MI250X) — suggestion: ...
+"""
+
+from __future__ import annotations
+
+from vaccel.v1 import broker_pb2
+
+
+def render_line(line: broker_pb2.CheckLine) -> str:
+    if line.level == "OK":
+        return f"[CHECK] {line.name}: {line.message} - OK"
+    tag = "[WARN]" if line.level == "WARN" else "[ERROR]"
+    text = f"{tag} {line.name}: {line.message}"
+    return f"{text} — suggestion: {line.suggestion}" if line.suggestion else text
+
+
+def render_check(reply: broker_pb2.CheckReply) -> str:
+    """The whole report: host checks, each device's checks, then the verdict."""
+    out = [render_line(ln) for ln in reply.host_checks]
+    for dc in reply.devices:
+        d = dc.device
+        state = "eligible" if dc.eligible else "not eligible"
+        out.append(f"GPU {d.index}  {d.name}  {state}")
+        out.extend(render_line(ln) for ln in dc.checks)
+    if reply.satisfiable:
+        eligible = sum(1 for dc in reply.devices if dc.eligible)
+        out.append(f"Result: satisfiable ({eligible} of {len(reply.devices)} device(s) "
+                   "eligible)")
+    else:
+        out.append(f"Result: NOT satisfiable: {reply.summary}" if reply.summary
+                   else "Result: NOT satisfiable")
+    out.extend(f"Suggestion: {s}" for s in reply.suggestions)
+    return "\n".join(out)
+
+
+def check_exit_code(reply: broker_pb2.CheckReply) -> int:
+    """0 when this host can satisfy the contract, 1 when it cannot."""
+    return 0 if reply.satisfiable else 1

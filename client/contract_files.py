@@ -1,0 +1,121 @@
+"""Finding and reading the contract files a job brings: runtime-spec.yaml and
+accelerator-config.yaml. The client only reads them; the daemon parses and validates.
+
+Rules, in order:
+- an explicit `contract` / `config` path is used as given (relative to `cwd`);
+- otherwise accelerator-config.yaml in `cwd` is used when present;
+- with no explicit contract, the config's `runtime_contract:` is resolved relative to
+  the config file; failing that, runtime-spec.yaml in `cwd` is used when present.
+A named file that cannot be read is an error; an absent default file is simply absent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+DEFAULT_SPEC = "runtime-spec.yaml"
+DEFAULT_CONFIG = "accelerator-config.yaml"
+
+
+class ContractFileError(ValueError):
+    """A contract file that was asked for cannot be read; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class ContractFiles:
+    spec_text: str = ""  # "" when there is no runtime spec
+    spec_name: str = ""  # the path as shown in messages
+    config_text: str = ""
+    config_name: str = ""
+    packages: tuple[str, ...] = ()  # dependency names the spec lists
+
+    @property
+    def empty(self) -> bool:
+        return not (self.spec_text or self.config_text)
+
+
+def load_contract_files(
+    contract: str | Path | None, config: str | Path | None, cwd: Path
+) -> ContractFiles:
+    """Read the contract files for a job started in `cwd`. Raises ContractFileError."""
+    config_path = _explicit(config, cwd, "accelerator config") if config else _default(
+        cwd / DEFAULT_CONFIG)
+    config_text = _read(config_path, "accelerator config") if config_path else ""
+    if contract:
+        spec_path: Path | None = _explicit(contract, cwd, "runtime contract")
+    else:
+        spec_path = _from_config(config_text, config_path) or _default(cwd / DEFAULT_SPEC)
+    spec_text = _read(spec_path, "runtime contract") if spec_path else ""
+    return ContractFiles(
+        spec_text=spec_text,
+        spec_name=_shown(spec_path, cwd),
+        config_text=config_text,
+        config_name=_shown(config_path, cwd),
+        packages=dependency_names(spec_text),
+    )
+
+
+def _explicit(path: str | Path, cwd: Path, what: str) -> Path:
+    resolved = Path(path).expanduser()
+    resolved = resolved if resolved.is_absolute() else cwd / resolved
+    if not resolved.is_file():
+        reason = "is a directory" if resolved.is_dir() else "does not exist"
+        raise ContractFileError(f"{what} {path}: {reason}")
+    return resolved
+
+
+def _default(path: Path) -> Path | None:
+    return path if path.is_file() else None
+
+
+def _read(path: Path, what: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ContractFileError(f"{what} {path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ContractFileError(f"{what} {path}: not UTF-8 text") from None
+
+
+def _from_config(config_text: str, config_path: Path | None) -> Path | None:
+    """The config's runtime_contract, resolved against the config's folder."""
+    if not config_text or config_path is None:
+        return None
+    try:
+        doc = yaml.safe_load(config_text)
+    except yaml.YAMLError:
+        return None  # the daemon reports the syntax error with its line
+    target = doc.get("runtime_contract") if isinstance(doc, dict) else None
+    if not isinstance(target, str) or not target.strip():
+        return None
+    path = Path(target.strip()).expanduser()
+    path = path if path.is_absolute() else config_path.parent / path
+    if not path.is_file():
+        raise ContractFileError(f"{config_path}: runtime_contract {target} not found "
+                                f"(looked for {path})")
+    return path
+
+
+def _shown(path: Path | None, cwd: Path) -> str:
+    if path is None:
+        return ""
+    try:
+        return str(path.relative_to(cwd))
+    except ValueError:
+        return str(path)
+
+
+def dependency_names(spec_text: str) -> tuple[str, ...]:
+    """The `dependencies[].name` values of a runtime spec, read leniently: a broken file
+    yields none here and a precise error from the daemon."""
+    try:
+        doc = yaml.safe_load(spec_text) if spec_text else None
+    except yaml.YAMLError:
+        return ()
+    deps = doc.get("dependencies") if isinstance(doc, dict) else None
+    if not isinstance(deps, list):
+        return ()
+    return tuple(str(d["name"]) for d in deps if isinstance(d, dict) and d.get("name"))

@@ -1,0 +1,63 @@
+"""The lease benchmark runs end to end in its quick mode and prints every figure.
+
+Only the shape of the output is checked, never a timing: figures depend on the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FIGURES = {"p50_ms_1_client", "p99_ms_1_client", "ops_per_s_1_client", "ops_per_s_32_clients",
+           "p50_ms_32_clients", "p99_ms_32_clients"}
+
+
+def _bench(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("VACCEL_SOCKET", "VACCEL_LEASE_ID")}
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_quick_json_has_every_figure() -> None:
+    before = set(Path("/tmp").glob("vaccel-bench-*"))
+    done = _bench("-m", "bench.leases", "--quick", "--json")
+    assert done.returncode == 0, done.stderr
+    assert set(Path("/tmp").glob("vaccel-bench-*")) <= before, "the run left its temp dir behind"
+    result = json.loads(done.stdout)
+    assert set(result["figures"]) == FIGURES
+    for name, row in result["figures"].items():
+        assert row["echo"] > 0 and row["broker"] > 0, name
+        assert row["ratio"] == row["broker"] / row["echo"], name
+    assert result["clients"] == {**result["clients"], "processes": 4, "threads_per_process": 8, "total": 32}
+    assert result["ops"] == {"echo_1": 100, "echo_many": 256, "broker_1": 100, "broker_many": 256}
+    goals = result["goals"]
+    assert set(goals) == {"acquire_p50_at_most_2x_echo_p50", "cycles_per_s_32_clients_at_least_1000"}
+    assert all(isinstance(goal["pass"], bool) for goal in goals.values())
+    sqlite = result["sqlite"]
+    # Every measured and warm-up cycle is one grant plus one release.
+    assert sqlite["grants_and_releases"] == 2 * (100 + 256 + 3 * 33)
+    assert 0 < sqlite["commits"] <= sqlite["grants_and_releases"] + 1
+
+
+def test_quick_table_as_a_script_with_few_clients() -> None:
+    done = _bench("bench/leases.py", "--quick", "--clients", "4", "--processes", "2")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    for label in ("latency p50 (ms), 1 client", "latency p99 (ms), 1 client", "ops/s, 1 client",
+                  "ops/s, 4 clients", "latency p50 (ms), 4 clients"):
+        assert label in out
+    assert "2 process(es) x 2 thread(s)" in out
+    assert "goal: acquire p50 <= 2x echo p50" in out
+    # The throughput goal is stated for 32 clients: with 4 it can only be a miss.
+    assert "goal: >= 1000 acquire+release cycles/s, 32 clients MISS" in out
+    assert "sqlite:" in out and "commits for" in out
+
+
+def test_rejects_clients_not_divisible_by_processes() -> None:
+    done = _bench("-m", "bench.leases", "--clients", "5", "--processes", "2")
+    assert done.returncode == 2
+    assert "--clients must be a positive multiple of --processes" in done.stderr
