@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from vaccel.units import format_duration
@@ -31,6 +31,7 @@ HOLDER_EXITED = "holder_exited"
 LOST = "lost"  # its device vanished or turned unhealthy
 ENDED_STATES = (RELEASED, EXPIRED, REVOKED, HOLDER_EXITED, LOST)
 _HISTORY = 1000
+_EVALUATION_CACHE = 256
 
 
 class LeaseError(Exception):
@@ -162,6 +163,7 @@ class LeaseManager:
         self.queue: list[Request] = []
         self.last_used: dict[str, float] = {}
         self.ended: dict[str, Lease] = {}  # recent history, oldest first
+        self._evaluations: dict[Hashable, Evaluation] = {}  # valid for the current devices
 
     # -- inventory ---------------------------------------------------------------------
 
@@ -170,7 +172,12 @@ class LeaseManager:
     ) -> list[Lease]:
         """Replace the device picture. Leases on a device that vanished or turned unhealthy
         end as LOST (their holders are told); busy-but-healthy devices keep their lease."""
-        self.devices = {d.uuid: d for d in devices}
+        if self.devices != {d.uuid: d for d in devices}:
+            self._evaluations.clear()
+            self.devices = {d.uuid: d for d in devices}
+            # Queued requests were judged against the old devices: judge them again.
+            for request in self.queue:
+                request.evaluation = evaluate(request.requirement, list(self.devices.values()))
         self.unavailable = dict(unavailable or {})
         lost = []
         for lease in list(self.leases.values()):
@@ -202,16 +209,30 @@ class LeaseManager:
     # -- requests ----------------------------------------------------------------------
 
     def submit(
-        self, holder: Holder, requirement: Requirement, *, wait: bool, terms: LeaseTerms = LeaseTerms()
+        self,
+        holder: Holder,
+        requirement: Requirement,
+        *,
+        wait: bool,
+        terms: LeaseTerms = LeaseTerms(),
+        cache_key: Hashable | None = None,
     ) -> Lease | Request:
         """Grant now, or queue (wait=True), or refuse. Raises Unsatisfiable when no device
         set on this host could ever satisfy the request, Busy when it would have to wait
-        and the caller won't."""
+        and the caller won't. Requests with the same `cache_key` (same requirement, same
+        client facts) share one evaluation until the inventory changes."""
         if requirement.gpus < 1:
             raise Unsatisfiable("gpus must be at least 1")
-        evaluation = evaluate(requirement, list(self.devices.values()))
+        evaluation = self._evaluations.get(cache_key) if cache_key is not None else None
+        if evaluation is None:
+            evaluation = evaluate(requirement, list(self.devices.values()))
+            if cache_key is not None:
+                if len(self._evaluations) >= _EVALUATION_CACHE:
+                    self._evaluations.clear()
+                self._evaluations[cache_key] = evaluation
         if not evaluation.satisfiable:
-            raise Unsatisfiable(evaluation.reason or "no device on this host satisfies the request", evaluation)
+            raise Unsatisfiable(evaluation.reason or "no device on this host satisfies the request",
+                                evaluation)
         request = Request(self._new_id("r-"), holder, requirement, evaluation, terms, self._clock())
         # Requests ahead in the queue reserve the free devices they could use (FIFO);
         # a newcomer may only take free devices that none of them can use.
@@ -259,13 +280,14 @@ class LeaseManager:
     def _try_grant(self, request: Request, reserved: set[str]) -> Lease | None:
         eligible = set(request.evaluation.eligible)
         free = [d for d in self._free() if d.uuid in eligible and d.uuid not in reserved]
-        # One lease drives one backend: never mix vendors inside a multi-device grant.
-        for backend in dict.fromkeys(d.backend for d in sorted(free, key=lambda d: d.index)):
-            candidates = [d for d in free if d.backend == backend]
-            chosen = select(request.requirement, candidates, self.last_used)
-            if chosen:
-                return self._grant(request, chosen)
-        return None
+        if len(free) < request.requirement.gpus:
+            return None
+        chosen = select(request.requirement, free, self.last_used, request.evaluation)
+        if not chosen:
+            return None
+        # One lease drives one backend: the policy never mixes vendors in one grant.
+        assert len({d.backend for d in chosen}) == 1, "selection mixed backends"
+        return self._grant(request, chosen)
 
     def _grant(self, request: Request, devices: Sequence[Device]) -> Lease:
         now = self._clock()
@@ -350,7 +372,8 @@ class LeaseManager:
                 why = f"reached the maximum lease duration of {format_duration(self.max_duration_s)}"
                 ended.append(self._end(lease, EXPIRED, why))
             elif now - lease.last_heartbeat > self.ttl_s:
-                why = f"no heartbeat for {format_duration(now - lease.last_heartbeat)} (TTL {format_duration(self.ttl_s)})"
+                silent = format_duration(now - lease.last_heartbeat)
+                why = f"no heartbeat for {silent} (TTL {format_duration(self.ttl_s)})"
                 ended.append(self._end(lease, EXPIRED, why))
         return ended
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 
-from brokerd.contract import Requirement
+from brokerd.contract import Evaluation, Requirement
 from brokerd.contract.accel_config import AcceleratorConfig
 from brokerd.contract.checks import evaluate_devices
 from brokerd.devices import Device
@@ -28,18 +28,24 @@ _SAME_LINK, _SAME_NUMA, _ANYWHERE = 0, 1, 2
 
 
 def select_devices(
-    requirement: Requirement, free: Sequence[Device], last_used: Mapping[str, float]
+    requirement: Requirement,
+    free: Sequence[Device],
+    last_used: Mapping[str, float],
+    evaluation: Evaluation | None = None,
 ) -> list[Device] | None:
     """Pick exactly `requirement.gpus` devices among `free`, or None.
 
     Devices failing the requirement's checks are dropped here too, so a caller passing
-    every free device cannot hand out an ineligible one. `last_used` maps uuid to the
-    unix time the device was last released (absent: never used).
+    every free device cannot hand out an ineligible one; a caller that already evaluated
+    the requirement passes that `evaluation` to skip doing it again on every grant
+    attempt. `last_used` maps uuid to the unix time the device was last released
+    (absent: never used).
     """
     need = requirement.gpus
     if need <= 0:
         return []
-    evaluation = evaluate_devices(requirement, free)
+    if evaluation is None:
+        evaluation = evaluate_devices(requirement, free)
     if evaluation.host_checks and any(ln.level == "ERROR" for ln in evaluation.host_checks):
         return None
     eligible = set(evaluation.eligible)

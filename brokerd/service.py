@@ -14,7 +14,7 @@ import os
 import pwd
 import signal
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Hashable
 from dataclasses import dataclass, field
 
 from brokerd.config import Config
@@ -177,6 +177,7 @@ class BrokerService:
         max_wait_s: float | None,
         command: str = "",
         accelerator_config_yaml: str = "",
+        cache_key: Hashable | None = None,
     ) -> AsyncIterator[QueuedUpdate | Lease]:
         """Yield QueuedUpdate while waiting, then the granted Lease (already durable).
         Leaving the iteration early (the client cancelled) removes the request."""
@@ -190,7 +191,7 @@ class BrokerService:
             accelerator_config_yaml=accelerator_config_yaml,
         )
         try:
-            outcome = self.manager.submit(holder, requirement, wait=wait, terms=terms)
+            outcome = self.manager.submit(holder, requirement, wait=wait, terms=terms, cache_key=cache_key)
         except LeaseError as exc:
             log_event("refuse", f"refused {requirement.gpus} device(s) to {holder.user}: {exc}",
                       user=holder.user, pid=holder.pid, level=logging.INFO)

@@ -123,9 +123,12 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         wait = request.wait_forever or request.max_wait_seconds > 0
         max_wait = None if request.wait_forever else request.max_wait_seconds
+        # Everything the evaluation depends on, so equal requests share one evaluation.
+        cache_key = (request.gpus, request.min_memory_mib, request.runtime_spec_yaml,
+                     request.accelerator_config_yaml, request.client.SerializeToString(deterministic=True))
         updates = self.service.acquire(
             identity, requirement, wait=wait, max_wait_s=max_wait, command=request.command[:200],
-            accelerator_config_yaml=request.accelerator_config_yaml,
+            accelerator_config_yaml=request.accelerator_config_yaml, cache_key=cache_key,
         )
         try:
             async for update in updates:

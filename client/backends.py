@@ -60,6 +60,9 @@ BACKENDS: dict[str, Backend] = {
     ),
 }
 
+# Other names users write for a backend (accelerator-config.yaml `backend:`).
+BACKEND_ALIASES: dict[str, str] = {"oneapi": "xpu"}
+
 # Every variable any backend may set, so a lease can clear what another backend left.
 DEVICE_ENV_VARS = tuple(sorted({
     var

@@ -25,6 +25,12 @@ _RENEW_BEFORE_S = 60.0
 T = TypeVar("T")
 
 
+# The pid of the process that first opened a channel. gRPC (with its fork handlers off,
+# see vaccel/__init__.py) cannot be used again in a child forked from it: a new channel
+# there hangs. Such a child gets a clear error instead.
+_GRPC_PID: int | None = None
+
+
 class BrokerUnavailable(ConnectionError):
     """The broker cannot be reached; the message says where we looked and what to try."""
 
@@ -78,7 +84,14 @@ class BrokerConnection:
     def _ensure(self) -> broker_pb2_grpc.BrokerStub:
         with self._lock:
             if self._pid != os.getpid():
-                # A forked child must not touch its parent's channel: start afresh.
+                global _GRPC_PID
+                if _GRPC_PID is not None and _GRPC_PID != os.getpid():
+                    raise BrokerUnavailable(
+                        "cannot talk to the vaccel broker from a process forked after its parent "
+                        "used the broker (gRPC is not fork-safe); start workers with the 'spawn' "
+                        "method, or use the parent's lease: its devices are already visible here"
+                    )
+                _GRPC_PID = os.getpid()
                 self._channel = grpc.insecure_channel(
                     f"unix:{self.path}", options=[("grpc.enable_retries", 0)])
                 self._stub = broker_pb2_grpc.BrokerStub(self._channel)

@@ -31,6 +31,7 @@ class ContractFiles:
     config_text: str = ""
     config_name: str = ""
     packages: tuple[str, ...] = ()  # dependency names the spec lists
+    config_path: Path | None = None  # absolute; the accelerator reads its amp_config
 
     @property
     def empty(self) -> bool:
@@ -55,6 +56,7 @@ def load_contract_files(
         config_text=config_text,
         config_name=_shown(config_path, cwd),
         packages=dependency_names(spec_text),
+        config_path=config_path.resolve() if config_path else None,
     )
 
 

@@ -101,6 +101,14 @@ class Lease:
     def end_reason(self) -> str:
         return self._lost_reason or ("released" if self._released else "")
 
+    def forked_view(self) -> Lease:
+        """This lease as seen from a forked child: joined, never released by the child."""
+        view = object.__new__(Lease)
+        view.__dict__.update(self.__dict__)
+        view.joined = True
+        view._accelerator = None
+        return view
+
     def mark_lost(self, reason: str) -> None:
         """Record that the broker ended the lease; every later check() raises LeaseLost."""
         self._lost_reason = reason
@@ -126,6 +134,11 @@ class Lease:
     def __repr__(self) -> str:
         names = ", ".join(d.name for d in self.devices)
         return f"<Lease {self.id} {self.backend} [{names}]{' joined' if self.joined else ''}>"
+
+
+# Leases entered in this process, by id. A forked child inherits this table, which is how
+# lease() in a fork finds the parent's lease without talking to the broker.
+_ENTERED: dict[str, tuple[int, Lease]] = {}
 
 
 class Heartbeat(threading.Thread):
@@ -256,9 +269,15 @@ class lease:
                 "be using the wrong device; create the lease before any device call "
                 "(e.g. at the top of the script) or run the script with `vaccel run`"
             )
+        inherited = os.environ.get("VACCEL_LEASE_ID")
+        parent = _ENTERED.get(inherited or "")
+        if parent is not None and parent[0] != os.getpid():
+            # A forked child of the holder (DataLoader worker, multiprocessing fork): it is
+            # inside the parent's lease already, and the parent keeps heartbeating it.
+            self._lease = parent[1].forked_view()
+            return self._lease
         self._connection = BrokerConnection(self.socket)
         self._owner_thread = threading.get_ident()
-        inherited = os.environ.get("VACCEL_LEASE_ID")
         try:
             if inherited:
                 msg = self._join(inherited)
@@ -273,12 +292,17 @@ class lease:
         self._heartbeat = Heartbeat(self._lease, self._connection, self._lost)
         self._heartbeat.start()
         self._install_signal_handlers()
+        _ENTERED[self._lease.id] = (os.getpid(), self._lease)
         for warning in self._lease.warnings:
             print(f"vaccel: warning: {warning}", file=sys.stderr)
         return self._lease
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        if self._connection is None:  # a forked child's view: the parent owns the lease
+            return
+        if self._lease is not None and _ENTERED.get(self._lease.id, (0, None))[1] is self._lease:
+            del _ENTERED[self._lease.id]
         self._restore_signal_handlers()
         if self._heartbeat is not None:
             self._heartbeat.stop()
@@ -328,7 +352,7 @@ class lease:
             command=self.command,
         )
         request.client.CopyFrom(gather_facts(files.packages))
-        self._config_path = getattr(files, "config_path", None)
+        self._config_path = files.config_path
         return acquire_lease(self._connection, request, self.on_queue)
 
     def _lost(self, lost: Lease, reason: str) -> None:

@@ -93,7 +93,7 @@ def run_under_lease(
             for warning in lease_obj.warnings:
                 _say(quiet, f"warning: {warning}")
             try:
-                env = child_env(lease_obj, getattr(files, "config_path", None))
+                env = child_env(lease_obj, files.config_path)
                 return _supervise(command, lease_obj, connection, env)
             finally:
                 _release(connection, lease_obj, quiet)

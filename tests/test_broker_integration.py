@@ -150,10 +150,12 @@ def test_lease_context_manager_applies_env_and_releases(broker: Broker):
     code = """
         import os, vaccel
         with vaccel.lease(gpus=2, min_memory="40GiB") as l:
-            print(l.id, l.backend, len(l.devices), os.environ["CUDA_VISIBLE_DEVICES"] == l.env["CUDA_VISIBLE_DEVICES"])
+            same = os.environ["CUDA_VISIBLE_DEVICES"] == l.env["CUDA_VISIBLE_DEVICES"]
+            print(l.id, l.backend, len(l.devices), same)
             print(sorted(d.memory_mib for d in l.devices))
             import subprocess, sys
-            out = subprocess.run([sys.executable, "-m", "vaccel.cli", "status", "--json"], capture_output=True, text=True)
+            cli = [sys.executable, "-m", "vaccel.cli", "status", "--json"]
+            out = subprocess.run(cli, capture_output=True, text=True)
             import json
             print(sum(d["state"] == "leased" for d in json.loads(out.stdout)["devices"]))
         print("after", "CUDA_VISIBLE_DEVICES" in os.environ)

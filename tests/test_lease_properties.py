@@ -100,7 +100,7 @@ class LeaseMachine(RuleBasedStateMachine):
 
     @rule(holder=st.sampled_from(HOLDERS))
     def holder_dies(self, holder: Holder) -> None:
-        ended, dropped = self.manager.process_exited(holder.pid, holder.start_time)
+        ended, _ = self.manager.process_exited(holder.pid, holder.start_time)
         assert all(lease.holder == holder for lease in ended)
         assert not any(r.holder == holder for r in self.manager.queue)
 

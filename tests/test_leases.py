@@ -85,7 +85,7 @@ def test_unsatisfiable_requests_fail_at_once():
     m, _ = manager(2)
     with pytest.raises(Unsatisfiable):
         m.submit(ALICE, Requirement(3), wait=True)
-    with pytest.raises(Unsatisfiable, match="80 GiB|GiB"):
+    with pytest.raises(Unsatisfiable, match="GiB"):
         m.submit(ALICE, Requirement(1, min_memory_mib=200 * 1024), wait=True)
     with pytest.raises(Unsatisfiable):
         m.submit(ALICE, Requirement(0), wait=True)

@@ -79,8 +79,10 @@ def select(
     requirement: Requirement,
     free: Sequence[Device],
     last_used: Mapping[str, float],
+    evaluation: Evaluation | None = None,
 ) -> list[Device] | None:
-    """Pick `requirement.gpus` devices among the free eligible ones, or None."""
+    """Pick `requirement.gpus` devices among the free eligible ones, or None. Pass the
+    requirement's `evaluation` when there is one: it is not recomputed then."""
     from brokerd.policy import select_devices
 
-    return select_devices(requirement, free, last_used)
+    return select_devices(requirement, free, last_used, evaluation)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vaccel.backends import BACKENDS
+from vaccel.backends import BACKEND_ALIASES, BACKENDS
 
 from brokerd.contract.located import (
     ContractError,
@@ -53,7 +53,6 @@ __all__ = ["AcceleratorConfig", "ContractError", "Criterion", "Priority",
 TOP_LEVEL_KEYS = ("backend", "device_selection_policy", "runtime_contract", "rocm_config",
                   "amp_config")
 # Intel's oneAPI is the name users write; the torch backend it means is the table's.
-BACKEND_ALIASES = {"oneapi": "xpu"}
 BACKEND_WORDS = ("auto", *BACKENDS, *BACKEND_ALIASES)
 AMP_DTYPES = ("float16", "bfloat16", "none")
 AMP_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16"}

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Install everything vaccel's demo and tests need on a fresh Debian machine. Idempotent:
+# a second run only checks. Usage: scripts/setup.sh [VENV]   (default: $VACCEL_VENV)
+#
+# The venv is built from /usr/bin/python3 outside /root, so that the multi-user tests'
+# other Unix users can run the same interpreter.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${1:-${VACCEL_VENV:?give the venv path as an argument or in VACCEL_VENV}}
+
+# Debian packages: libsystemd-dev + pkg-config build systemd-python; systemd gives
+# systemd-analyze; systemd-container, debootstrap and zstd run the systemd boot test.
+APT_PACKAGES=(python3-venv libsystemd-dev pkg-config systemd systemd-container debootstrap zstd)
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+    if [ "$(id -u)" = 0 ]; then
+        echo "setup: installing Debian packages: ${missing[*]}"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    else
+        echo "setup: missing Debian packages (run as root to install): ${missing[*]}" >&2
+    fi
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "setup: creating $VENV from /usr/bin/python3"
+    /usr/bin/python3 -m venv "$VENV"
+    chmod -R a+rX "$VENV"
+fi
+PIP=("$VENV/bin/pip" install -q --disable-pip-version-check)
+# torch==2.13.0 is the CPU build on this machine's disk; a bare `torch` would pull CUDA.
+"$VENV/bin/python" -c "import torch" 2>/dev/null || "${PIP[@]}" torch==2.13.0
+extras="dev,torch"
+if pkg-config --exists libsystemd 2>/dev/null; then extras="$extras,systemd"; fi
+"${PIP[@]}" -e ".[$extras]"
+chmod -R a+rX "$VENV"
+echo "setup: ready ($VENV, extras $extras)"
