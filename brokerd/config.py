@@ -28,6 +28,7 @@ class Config:
     # Every local user must be able to connect; who may do what is decided per call
     # from kernel-verified credentials, not by file permissions.
     socket_mode: int = 0o666
+    socket_group: str = ""  # with socket_mode 0660: only this group may use the broker
     state_dir: Path = field(
         default_factory=lambda: Path("/var/lib/vaccel") if os.getuid() == 0
         else Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "vaccel"
@@ -56,6 +57,7 @@ class Config:
 _KEYS: dict[str, tuple[str, Any]] = {
     "server.socket": ("socket", Path),
     "server.socket_mode": ("socket_mode", lambda v: int(str(v), 8)),
+    "server.socket_group": ("socket_group", str),
     "server.state_dir": ("state_dir", Path),
     "server.inventory": ("inventory", Path),
     "server.admin_group": ("admin_group", str),
@@ -92,6 +94,11 @@ def _validate(config: Config) -> Config:
         raise ConfigError(f"{where}: probe.unleased_processes must be 'report' or 'signal'")
     if not 0 <= config.socket_mode <= 0o777:
         raise ConfigError(f"{where}: server.socket_mode must be an octal mode like \"0666\"")
+    if config.socket_group:
+        try:
+            grp.getgrnam(config.socket_group)
+        except KeyError:
+            raise ConfigError(f"{where}: server.socket_group {config.socket_group!r} does not exist") from None
     if config.log_level not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"{where}: server.log_level must be debug, info, warning or error")
     return config

@@ -158,6 +158,7 @@ class LeaseManager:
         self._new_id = new_id
         self.devices: dict[str, Device] = {d.uuid: d for d in devices}
         self.unavailable: dict[str, str] = {}  # uuid -> why it must not be granted now
+        self.drained: dict[str, str] = {}  # uuid -> why an admin took it out of the pool
         self.leases: dict[str, Lease] = {}  # active only
         self.owner: dict[str, str] = {}  # device uuid -> active lease id
         self.queue: list[Request] = []
@@ -199,9 +200,20 @@ class LeaseManager:
             return "leased"
         if not device.healthy:
             return "unhealthy"
+        if uuid in self.drained:
+            return "drained"
         if uuid in self.unavailable:
             return "busy"
         return "free"
+
+    def drain(self, uuid: str, reason: str, *, undo: bool = False) -> None:
+        """Take a device out of the pool (a lease it carries runs on), or put it back."""
+        if uuid not in self.devices and not undo:
+            raise NotFound(f"no device {uuid!r} on this host (see `vaccel status`)")
+        if undo:
+            self.drained.pop(uuid, None)
+        else:
+            self.drained[uuid] = reason or "drained by an admin"
 
     def _free(self) -> list[Device]:
         return [d for d in self.devices.values() if self.device_state(d.uuid) == "free"]
@@ -436,6 +448,8 @@ class LeaseManager:
                 lease = self.leases[lease_id]
                 since = time.strftime("%H:%M", time.localtime(lease.granted_at))
                 parts.append(f"gpu{device.index} {lease.holder.user or lease.holder.uid} since {since}")
+            elif device.uuid in self.drained:
+                parts.append(f"gpu{device.index} drained: {self.drained[device.uuid]}")
             elif device.uuid in self.unavailable:
                 parts.append(f"gpu{device.index} busy: {self.unavailable[device.uuid]}")
             elif not device.healthy:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import grp
 import logging
 import os
 import signal
@@ -96,7 +97,7 @@ class Daemon:
         lock_fd = _lock_state_dir(config.state_dir)
         store = LeaseStore(config.state_dir)
         try:
-            active, ended = store.open()
+            active, ended, drained = store.open()
         except StateError as exc:
             raise StartupError(str(exc)) from exc
         loop = asyncio.get_running_loop()
@@ -107,7 +108,7 @@ class Daemon:
             store.close()
             raise StartupError(str(exc)) from exc
         service = BrokerService(config, store, snapshot, refresh=source)
-        service.restore(active, ended)
+        service.restore(active, ended, drained)
 
         authority = TokenAuthority(load_or_create_key(config.state_dir), config.token_ttl_s)
         _prepare_socket(config.socket)
@@ -118,9 +119,12 @@ class Daemon:
         broker_pb2_grpc.add_BrokerServicer_to_server(BrokerServicer(service, authority), server)
         server.add_insecure_port(f"unix:{config.socket}")
         await server.start()
-        os.chmod(config.socket, config.socket_mode)
         identity = IdentityServer(authority, identity_socket(config.socket), config.socket_mode)
         await identity.start()
+        for path in (config.socket, identity.path):
+            os.chmod(path, config.socket_mode)
+            if config.socket_group:
+                os.chown(path, -1, grp.getgrnam(config.socket_group).gr_gid)
         service.start_timers()
 
         for sig in (signal.SIGTERM, signal.SIGINT):

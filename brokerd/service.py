@@ -31,6 +31,8 @@ from brokerd.leases import (
     LeaseError,
     LeaseManager,
     LeaseTerms,
+    NotFound,
+    PermissionDenied,
     Request,
 )
 from brokerd.liveness import ProcessWatcher
@@ -95,10 +97,11 @@ class BrokerService:
 
     # -- lifecycle ---------------------------------------------------------------------
 
-    def restore(self, active: list[Lease], ended: list[Lease]) -> None:
+    def restore(self, active: list[Lease], ended: list[Lease], drained: dict[str, str] | None = None) -> None:
         """Put back what the store held. Must run inside the loop (it opens pidfds).
         Holders that died while the daemon was down are reclaimed at once."""
         self._watcher = ProcessWatcher(asyncio.get_running_loop(), self._process_exited)
+        self.manager.drained.update(drained or {})
         for lease in ended:
             self.manager.ended[lease.id] = lease
             for uuid in lease.devices:
@@ -146,7 +149,8 @@ class BrokerService:
         return Caller(identity.uid, identity.gid, identity.pid, identity.start_time, self.is_admin(identity))
 
     def is_admin(self, identity: Identity) -> bool:
-        if identity.uid == 0:
+        """Root, the daemon's own user (a personal broker), and the admin group."""
+        if identity.uid in (0, os.geteuid()):
             return True
         cached = self._admin_cache.get(identity.uid)
         now = time.monotonic()
@@ -299,6 +303,28 @@ class BrokerService:
         if member in lease.members and self._watcher.watch(*member):
             await self.store.save_members(lease)
         return lease
+
+    async def drain(self, identity: Identity, device: str, reason: str, undo: bool) -> Device:
+        """Admins take a device out of the pool (by uuid or index) or put it back."""
+        if not self.is_admin(identity):
+            raise PermissionDenied(f"draining devices is for root and the {self.config.admin_group!r} group")
+        target = self.find_device(device)
+        self.manager.drain(target.uuid, reason, undo=undo)
+        await self.store.save_drain(target.uuid, self.manager.drained.get(target.uuid, ""), undo)
+        user = user_name(identity.uid)
+        verb = "returned to the pool" if undo else f"drained ({self.manager.drained[target.uuid]})"
+        log_event("undrain" if undo else "drain", f"gpu{target.index} {verb} by {user}", user=user,
+                  device_uuids=(target.uuid,))
+        if undo:
+            self._spawn(self._pump())
+        self.on_change()
+        return target
+
+    def find_device(self, text: str) -> Device:
+        for device in self.manager.devices.values():
+            if text in (device.uuid, str(device.index), f"gpu{device.index}"):
+                return device
+        raise NotFound(f"no device {text!r} on this host: give its index (0, gpu0) or uuid (see `vaccel status`)")
 
     async def release(self, identity: Identity, lease_id: str, reason: str = "") -> Lease:
         lease = self.manager.release(lease_id, self.caller(identity), reason)

@@ -44,7 +44,7 @@ def _holder_pb(lease: Lease) -> pb.Holder:
     return pb.Holder(user=h.user, uid=h.uid, pid=h.pid, command=h.command)
 
 
-def device_pb(device: Device, state: str = "", lease: Lease | None = None) -> pb.Device:
+def device_pb(device: Device, state: str = "", lease: Lease | None = None, drain_reason: str = "") -> pb.Device:
     msg = pb.Device(
         index=device.index, uuid=device.uuid, vendor=device.vendor, name=device.name,
         memory_mib=device.memory_mib, pci_bus_id=device.pci_bus_id, arch=device.arch,
@@ -53,7 +53,7 @@ def device_pb(device: Device, state: str = "", lease: Lease | None = None) -> pb
         numa_node=device.numa_node, backend=device.backend, state=state,
         memory_used_mib=device.memory_used_mib, interconnect_group=device.interconnect_group,
         runtime_version=device.runtime_version, compute_capability=device.compute_capability,
-        visible_id=device.visible,
+        visible_id=device.visible, drain_reason=drain_reason,
     )
     if lease is not None:
         msg.lease_id = lease.id
@@ -203,7 +203,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                                simulated=service.snapshot.simulated)
         for device in sorted(service.manager.devices.values(), key=lambda d: d.index):
             state, lease = service.device_view(device)
-            reply.devices.append(device_pb(device, state, lease))
+            reply.devices.append(device_pb(device, state, lease, service.manager.drained.get(device.uuid, "")))
         for position, queued in enumerate(service.manager.queue, start=1):
             h = queued.holder
             reply.queue.append(pb.QueueEntry(
@@ -220,6 +220,15 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             reply.probes.append(pb.ProbeVerdict(vendor=verdict.vendor, available=verdict.available,
                                                 reason=verdict.reason))
         return reply
+
+    async def Drain(self, request: pb.DrainRequest, context: grpc.aio.ServicerContext) -> pb.Device:
+        identity = await self._identity(context)
+        try:
+            device = await self.service.drain(identity, request.device, request.reason[:500], request.undo)
+        except LeaseError as exc:
+            await self._fail(context, exc)
+        state, lease = self.service.device_view(device)
+        return device_pb(device, state, lease, self.service.manager.drained.get(device.uuid, ""))
 
     async def Check(self, request: pb.CheckRequest, context: grpc.aio.ServicerContext) -> pb.CheckReply:
         await self._identity(context)

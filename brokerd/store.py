@@ -52,6 +52,7 @@ CREATE TABLE IF NOT EXISTS holdings (
     lease_id TEXT NOT NULL REFERENCES leases(id)
 );
 CREATE INDEX IF NOT EXISTS leases_state ON leases(state);
+CREATE TABLE IF NOT EXISTS drained (device_uuid TEXT PRIMARY KEY, reason TEXT NOT NULL);
 """
 
 
@@ -101,8 +102,9 @@ class LeaseStore:
 
     # -- start-up (synchronous: runs before the daemon serves anyone) -------------------
 
-    def open(self) -> tuple[list[Lease], list[Lease]]:
-        """Open and verify the database; return (active leases, recently ended leases)."""
+    def open(self) -> tuple[list[Lease], list[Lease], dict[str, str]]:
+        """Open and verify the database; return (active leases, recently ended leases,
+        drained devices with their reasons)."""
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -131,6 +133,7 @@ class LeaseStore:
                     "SELECT * FROM leases WHERE state<>? ORDER BY ended_at DESC LIMIT 1000", (ACTIVE,))
             ][::-1]
             holdings = {r[0]: r[1] for r in conn.execute("SELECT device_uuid, lease_id FROM holdings")}
+            drained = {r[0]: r[1] for r in conn.execute("SELECT device_uuid, reason FROM drained")}
         except (sqlite3.DatabaseError, ValueError, TypeError, KeyError) as exc:
             raise StateError(self._refusal(f"a lease record is malformed ({exc})")) from exc
         expected = {u: lease.id for lease in active for u in lease.devices}
@@ -143,7 +146,7 @@ class LeaseStore:
         self._conn = conn
         self._thread = threading.Thread(target=self._writer, name="vaccel-store", daemon=True)
         self._thread.start()
-        return active, ended
+        return active, ended, drained
 
     def _refusal(self, why: str) -> str:
         return (
@@ -183,6 +186,15 @@ class LeaseStore:
 
         def op(conn: sqlite3.Connection) -> None:
             conn.execute("UPDATE leases SET members=? WHERE id=?", args)
+
+        return self._submit(op)
+
+    def save_drain(self, uuid: str, reason: str, undo: bool) -> asyncio.Future[None]:
+        def op(conn: sqlite3.Connection) -> None:
+            if undo:
+                conn.execute("DELETE FROM drained WHERE device_uuid=?", (uuid,))
+            else:
+                conn.execute("INSERT OR REPLACE INTO drained VALUES (?, ?)", (uuid, reason))
 
         return self._submit(op)
 

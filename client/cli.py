@@ -35,6 +35,7 @@ Share this host's GPUs without fighting over them: exclusive leases from vaccel-
   vaccel run --no-wait -- ./job.sh    fail at once instead of waiting
   vaccel leases [--all]               your leases (--all: everyone's; admins)
   vaccel release LEASE_ID             give a lease back (admins: revoke anyone's)
+  vaccel drain gpu2 --reason "fan"    admins: stop granting a device (--undo: back in the pool)
   vaccel check runtime-spec.yaml      can this host and this Python run that contract?
 
 exit status: run exits with the command's status; 1 refused, 2 bad usage or file,
@@ -122,6 +123,8 @@ def render_status(reply: pb.StatusReply) -> str:
     for d in reply.devices:
         holder = f"{d.holder.user} (pid {d.holder.pid})" if d.lease_id else ""
         state = d.state if d.healthy else f"{d.state}: {d.health_reason}"
+        if d.drain_reason:
+            state = f"{state} (drained: {d.drain_reason})" if d.state != "drained" else f"drained: {d.drain_reason}"
         rows.append([f"gpu{d.index}", d.name, format_mib(d.memory_mib), d.arch, state, holder,
                      _since(d.since) if d.lease_id else "", d.lease_id])
     out.append(_table(rows, ["GPU", "NAME", "MEMORY", "ARCH", "STATE", "HOLDER", "SINCE", "LEASE"]))
@@ -183,6 +186,19 @@ def cmd_release(args: argparse.Namespace) -> int:
     else:
         print(f"{reply.id}: {reply.state} ({reply.end_reason}); "
               f"{len(reply.devices)} device(s) back in the pool")
+    return 0
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    request = pb.DrainRequest(device=args.device, undo=args.undo, reason=args.reason or "")
+    reply = _rpc(_connection(args), "Drain", request)
+    if args.json:
+        print(json.dumps(_to_dict(reply), indent=2))
+    elif args.undo:
+        print(f"gpu{reply.index} ({reply.name}) is back in the pool: {reply.state}")
+    else:
+        running = f"; lease {reply.lease_id} of {reply.holder.user} runs to its end" if reply.lease_id else ""
+        print(f"gpu{reply.index} ({reply.name}) drained: no new leases{running}")
     return 0
 
 
@@ -297,6 +313,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reason", help="recorded and shown to the holder")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_release)
+
+    p = sub.add_parser("drain", parents=[common], help="take a device out of the pool (admins)",
+                       description="Stop granting a device (maintenance, a flaky card); a lease it carries "
+                                   "runs to its end. --undo puts it back. Root and the admin group only.")
+    p.add_argument("device", metavar="DEVICE", help="index (0 or gpu0) or uuid, as `vaccel status` shows")
+    p.add_argument("--undo", action="store_true", help="put the device back into the pool")
+    p.add_argument("--reason", help="shown in `vaccel status`")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_drain)
 
     p = sub.add_parser("check", parents=[common], help="check a runtime contract against this host",
                        description="One line per check, for the devices of this host and this Python "

@@ -196,3 +196,12 @@ def test_bad_inventory_is_a_clear_startup_error(tmp_path: Path):
                         str(tmp_path / "s.sock"), "--state-dir", str(tmp_path / "st")],
                        capture_output=True, text=True, timeout=30, env={**os.environ})
     assert r.returncode == 1 and "memory_mib must be positive" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_drained_devices_stay_drained_across_restart(start_broker):
+    broker = start_broker(config=CONFIG)
+    assert broker.vaccel("drain", "gpu1", "--reason", "replacing fan").returncode == 0
+    broker.kill9()
+    broker.start()
+    device = status(broker)["devices"][1]
+    assert device["state"] == "drained" and device["drain_reason"] == "replacing fan"

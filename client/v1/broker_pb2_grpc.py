@@ -74,6 +74,11 @@ class BrokerStub:
                 request_serializer=vaccel_dot_v1_dot_broker__pb2.CheckRequest.SerializeToString,
                 response_deserializer=vaccel_dot_v1_dot_broker__pb2.CheckReply.FromString,
                 _registered_method=True)
+        self.Drain = channel.unary_unary(
+                '/vaccel.v1.Broker/Drain',
+                request_serializer=vaccel_dot_v1_dot_broker__pb2.DrainRequest.SerializeToString,
+                response_deserializer=vaccel_dot_v1_dot_broker__pb2.Device.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -135,6 +140,14 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Drain(self, request, context):
+        """Take a device out of the pool (or put it back): root and the admin group. A drained
+        device is never granted; a lease it already carries runs to its end.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -177,6 +190,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.Check,
                     request_deserializer=vaccel_dot_v1_dot_broker__pb2.CheckRequest.FromString,
                     response_serializer=vaccel_dot_v1_dot_broker__pb2.CheckReply.SerializeToString,
+            ),
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=vaccel_dot_v1_dot_broker__pb2.DrainRequest.FromString,
+                    response_serializer=vaccel_dot_v1_dot_broker__pb2.Device.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -395,6 +413,33 @@ class Broker:
             '/vaccel.v1.Broker/Check',
             vaccel_dot_v1_dot_broker__pb2.CheckRequest.SerializeToString,
             vaccel_dot_v1_dot_broker__pb2.CheckReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vaccel.v1.Broker/Drain',
+            vaccel_dot_v1_dot_broker__pb2.DrainRequest.SerializeToString,
+            vaccel_dot_v1_dot_broker__pb2.Device.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The GPU checks of issues 3 and 5, as one script for a lent GPU machine (run from the
+# repository root; writes results under ${OUT:-./gpu-check-out}):
+#   1. install the project into a fresh venv (torch from the machine's index: a GPU build),
+#   2. `vaccel-brokerd --probe --json` on the real devices -> probe.json (keep it as a fixture:
+#      tests/fixtures/probes/nvml_<gpu>_real.json),
+#   3. start the daemon on real probing, lease one GPU with `vaccel run`, and show that torch
+#      sees exactly the leased device (its UUID matches the lease),
+#   4. the accelerator check: fp32 / fp16+GradScaler / bf16 step time and peak memory.
+# Never changes GPU settings. Exits non-zero when a check fails.
+set -euo pipefail
+OUT=${OUT:-$PWD/gpu-check-out}
+mkdir -p "$OUT"
+VENV=$(mktemp -d /tmp/vaccel-gpu-venv.XXXX)
+python3 -m venv "$VENV"
+"$VENV/bin/pip" install -q torch nvidia-ml-py "$PWD" 2>&1 | tail -2
+export PATH="$VENV/bin:$PATH"
+
+vaccel-brokerd --probe --json | tee "$OUT/probe.json"
+vaccel-brokerd --probe | tee "$OUT/probe.txt"
+
+WORK=$(mktemp -d /tmp/vaccel-gpu-broker.XXXX)
+export VACCEL_SOCKET=$WORK/brokerd.sock
+vaccel-brokerd --socket "$VACCEL_SOCKET" --state-dir "$WORK/state" >"$OUT/brokerd.log" 2>&1 &
+BROKER=$!
+trap 'kill $BROKER 2>/dev/null || true' EXIT
+for _ in $(seq 100); do [ -S "$VACCEL_SOCKET.id" ] && break; sleep 0.1; done
+vaccel status | tee "$OUT/status.txt"
+
+vaccel run --gpus 1 -- python - <<'PY' | tee "$OUT/lease.txt"
+import os, torch, pynvml
+leased = os.environ["CUDA_VISIBLE_DEVICES"]
+assert torch.cuda.device_count() == 1, torch.cuda.device_count()
+props = torch.cuda.get_device_properties(0)
+uuid = "GPU-" + str(props.uuid)
+print("lease", os.environ["VACCEL_LEASE_ID"], "CUDA_VISIBLE_DEVICES", leased)
+print("torch sees", torch.cuda.device_count(), "device:", props.name, uuid)
+assert uuid == leased, (uuid, leased)
+x = torch.randn(4096, 4096, device="cuda"); print("matmul ok", float((x @ x).abs().mean()))
+PY
+
+vaccel run --gpus 1 -- python scripts/gpu_check_accelerator.py --markdown | tee "$OUT/accelerator.md"
+echo "gpu check: all passed; results in $OUT"
