@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -79,7 +80,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vaccel-brokerd: {exc}", file=sys.stderr)
         return 2
     if args.probe:
-        return _probe(config.inventory, args.json)
+        try:
+            return _probe(config.inventory, args.json)
+        except BrokenPipeError:  # `--probe | head`: the reader left, which is fine
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
 
     from brokerd.journal import setup_logging
     from brokerd.server import Daemon, StartupError

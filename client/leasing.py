@@ -307,6 +307,8 @@ class lease:
         if self._heartbeat is not None:
             self._heartbeat.stop()
         current = self._lease
+        if current is not None and current._accelerator is not None:
+            current._accelerator.close()  # process group down before the devices go back
         if current is not None and not current.joined and not current.ended:
             try:
                 self._connection.call("Release", pb.ReleaseRequest(lease_id=current.id),  # type: ignore[union-attr]

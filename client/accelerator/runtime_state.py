@@ -37,11 +37,3 @@ def initialised_runtime() -> str | None:
             return name
     return None
 
-
-def refusal_message(runtime: str) -> str:
-    """The one-line message a lease gives when `runtime` started before it."""
-    label = {"cuda": "CUDA", "xpu": "XPU"}.get(runtime, runtime)
-    return (
-        f"{label} was initialised in this process before the lease; "
-        f"create the lease before any torch.{runtime} call"
-    )
