@@ -30,11 +30,13 @@ if [ ! -x "$VENV/bin/python" ]; then
     /usr/bin/python3 -m venv "$VENV"
     chmod -R a+rX "$VENV"
 fi
-PIP=("$VENV/bin/pip" install -q --disable-pip-version-check)
+# This machine's pip config names local wheel folders that may be absent: pip warns once
+# per package about them. Keep the log readable; real errors still show.
+pip_install() { "$VENV/bin/pip" install -q --disable-pip-version-check "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }; }
 # torch==2.13.0 is the CPU build on this machine's disk; a bare `torch` would pull CUDA.
-"$VENV/bin/python" -c "import torch" 2>/dev/null || "${PIP[@]}" torch==2.13.0
+"$VENV/bin/python" -c "import torch" 2>/dev/null || pip_install torch==2.13.0
 extras="dev,torch"
 if pkg-config --exists libsystemd 2>/dev/null; then extras="$extras,systemd"; fi
-"${PIP[@]}" -e ".[$extras]"
+pip_install -e ".[$extras]"
 chmod -R a+rX "$VENV"
 echo "setup: ready ($VENV, extras $extras)"
