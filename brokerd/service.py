@@ -242,9 +242,15 @@ class BrokerService:
                 self._announce_positions()
                 self._spawn(self._pump())
                 self.on_change()
-            elif lease is not None and not delivered and lease.active:
-                # Granted while the client was leaving: hand the devices straight back.
-                self._spawn(self._end(lease.id, RELEASED, "the client left before the grant reached it"))
+            elif not delivered:
+                # Granted while the client was leaving (cancelled, gave up): the grant may be
+                # in hand or still in the waiter's mailbox. Hand the devices straight back.
+                pending = [lease] if lease is not None else []
+                while not waiter.updates.empty():
+                    pending.append(waiter.updates.get_nowait())
+                for item in pending:
+                    if isinstance(item, Lease) and item.active:
+                        self._spawn(self._end(item.id, RELEASED, "the client left before the grant reached it"))
 
     async def _persist_grant(self, lease: Lease) -> None:
         try:

@@ -75,7 +75,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             return self.authority.verify(token)
         except TokenError as exc:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
-            raise  # abort raises; this line only reassures type checkers
+            raise AssertionError("context.abort() always raises") from exc
 
     async def _fail(self, context: grpc.aio.ServicerContext, exc: Exception) -> None:
         if isinstance(exc, LeaseError):

@@ -313,8 +313,12 @@ class lease:
             try:
                 self._connection.call("Release", pb.ReleaseRequest(lease_id=current.id),  # type: ignore[union-attr]
                                       timeout=10, retry_unavailable_s=5)
-            except (grpc.RpcError, BrokerUnavailable) as err:
-                # The broker will reclaim it anyway when this process exits.
+            except grpc.RpcError as err:
+                if err.code() not in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
+                    print(f"vaccel: could not release lease {current.id}: {err.details()}", file=sys.stderr)
+                # else it had just ended anyway (expired, revoked): nothing left to give back
+            except BrokerUnavailable as err:
+                # The broker reclaims it anyway when this process exits.
                 print(f"vaccel: could not release lease {current.id}: {err}", file=sys.stderr)
             current._released = True
         self._restore_env()

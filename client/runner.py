@@ -215,5 +215,9 @@ def _release(connection: BrokerConnection, lease_obj: Lease, quiet: bool) -> Non
     try:
         connection.call("Release", pb.ReleaseRequest(lease_id=lease_obj.id), timeout=10, retry_unavailable_s=5)
         _say(quiet, f"lease {lease_obj.id} released")
-    except (grpc.RpcError, BrokerUnavailable) as exc:
+    except grpc.RpcError as exc:
+        if exc.code() not in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
+            _say(False, f"could not release lease {lease_obj.id} ({exc.details()}); the broker reclaims it "
+                 "when we exit")
+    except BrokerUnavailable as exc:
         _say(False, f"could not release lease {lease_obj.id} ({exc}); the broker reclaims it when we exit")
