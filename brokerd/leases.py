@@ -243,8 +243,10 @@ class LeaseManager:
                     self._evaluations.clear()
                 self._evaluations[cache_key] = evaluation
         if not evaluation.satisfiable:
-            raise Unsatisfiable(evaluation.reason or "no device on this host satisfies the request",
-                                evaluation)
+            message = evaluation.reason or "no device on this host satisfies the request"
+            if evaluation.suggestions:
+                message += f" (suggestion: {evaluation.suggestions[0]})"
+            raise Unsatisfiable(message, evaluation)
         request = Request(self._new_id("r-"), holder, requirement, evaluation, terms, self._clock())
         # Requests ahead in the queue reserve the free devices they could use (FIFO);
         # a newcomer may only take free devices that none of them can use.

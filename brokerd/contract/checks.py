@@ -327,21 +327,23 @@ def _verdict(requirement: Requirement, devices: Sequence[Device], host: tuple[Ch
         return "", ()
     if not devices:
         return f"asks for {need} device(s); this host has none", ()
+    # Say "contract" only when the user gave one; a plain `--gpus 8` is just a request.
+    what = "the contract" if requirement.spec is not None or requirement.config is not None else "the request"
     if not eligible:
-        return _nothing_fits(devices, per_device, spec)
+        return _nothing_fits(devices, per_device, spec, what)
     good = [by_uuid[u] for u in eligible]
     if len(eligible) >= need:
         spread = ", ".join(f"{n} {b}" for b, n in groups.items())
-        return (f"asks for {need} devices meeting the contract on one backend; the eligible "
+        return (f"asks for {need} devices meeting {what} on one backend; the eligible "
                 f"ones are split across backends ({spread})",
                 ("ask for fewer devices, or set backend in the accelerator config",))
-    return (f"asks for {need} devices meeting the contract; this host has only "
+    return (f"asks for {need} devices meeting {what}; this host has only "
             f"{len(eligible)} ({_inventory(good)})",
             (f"ask for at most {len(eligible)} device(s), or run on a larger host",))
 
 
 def _nothing_fits(devices: Sequence[Device], per_device: dict[str, tuple[CheckLine, ...]],
-                  spec: RuntimeSpec) -> tuple[str, tuple[str, ...]]:
+                  spec: RuntimeSpec, what: str) -> tuple[str, tuple[str, ...]]:
     failing = Counter(ln.name for lines in per_device.values() for ln in lines
                       if ln.level == "ERROR")
     inventory = _inventory(devices)
@@ -361,5 +363,5 @@ def _nothing_fits(devices: Sequence[Device], per_device: dict[str, tuple[CheckLi
     top = failing.most_common(1)[0][0]
     sample = next(ln for lines in per_device.values() for ln in lines
                   if ln.name == top and ln.level == "ERROR")
-    reason = f"no device on this host meets the contract; {top}: {sample.message}"
+    reason = f"no device on this host meets {what}; {top}: {sample.message}"
     return reason, tuple(dict.fromkeys(suggestions))
