@@ -62,7 +62,7 @@ class QueuedUpdate:
 @dataclass
 class _Waiter:
     request: Request
-    updates: asyncio.Queue[QueuedUpdate | Lease] = field(default_factory=asyncio.Queue)
+    updates: asyncio.Queue[QueuedUpdate | Lease | LeaseError] = field(default_factory=asyncio.Queue)
     last_position: tuple[int, int] = (0, 0)
 
 
@@ -93,6 +93,7 @@ class BrokerService:
         self._tasks: list[asyncio.Task[None]] = []
         self._expiry_wakeup = asyncio.Event()
         self._admin_cache: dict[int, tuple[bool, float]] = {}
+        self._names: dict[int, tuple[str, float]] = {}
         self.on_change: Callable[[], None] = lambda: None
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -119,7 +120,7 @@ class BrokerService:
             else:
                 ended_lease = self.manager.end(
                     lease.id, HOLDER_EXITED, f"holder pid {lease.holder.pid} exited while the broker was down")
-                self._spawn(self._persist_end(ended_lease))
+                self._spawn(self._logged(self._record_end(ended_lease)))
         # Leases on devices that vanished while the daemon was down end now; devices used
         # without a lease are held back.
         self._set_inventory(self.snapshot)
@@ -164,10 +165,18 @@ class BrokerService:
         self._admin_cache[identity.uid] = (admin, now)
         return admin
 
+    def _user_name(self, uid: int) -> str:
+        """Cached: a name lookup may go to LDAP/sssd, and it sits on every request's path."""
+        cached = self._names.get(uid)
+        now = time.monotonic()
+        if cached is None or now - cached[1] > 300:
+            cached = self._names[uid] = (user_name(uid), now)
+        return cached[0]
+
     def holder(self, identity: Identity, command: str) -> Holder:
         return Holder(
             identity.uid, identity.gid, identity.pid, identity.start_time,
-            user_name(identity.uid), command or _command_of(identity.pid),
+            self._user_name(identity.uid), _printable(command) or _command_of(identity.pid),
         )
 
     # -- acquire -----------------------------------------------------------------------
@@ -206,7 +215,7 @@ class BrokerService:
             try:
                 yield outcome
             except GeneratorExit:
-                self._spawn(self._end(outcome.id, RELEASED, "the client left before the grant reached it"))
+                self._end(outcome.id, RELEASED, "the client left before the grant reached it")
                 raise
             return
         waiter = _Waiter(outcome)
@@ -227,6 +236,8 @@ class BrokerService:
                     raise DeadlineExceeded(
                         f"gave up after waiting {max_wait_s:.0f}s; {self.manager.holders_summary()}"
                     ) from None
+                if isinstance(update, LeaseError):
+                    raise update
                 if isinstance(update, Lease):
                     lease = update
                     yield lease
@@ -250,11 +261,16 @@ class BrokerService:
                     pending.append(waiter.updates.get_nowait())
                 for item in pending:
                     if isinstance(item, Lease) and item.active:
-                        self._spawn(self._end(item.id, RELEASED, "the client left before the grant reached it"))
+                        self._end(item.id, RELEASED, "the client left before the grant reached it")
 
     async def _persist_grant(self, lease: Lease) -> None:
+        saved = self.store.save_grant(lease)
         try:
-            await self.store.save_grant(lease)
+            await asyncio.shield(saved)
+        except asyncio.CancelledError:
+            # The client left while its grant was being recorded: once it is on disk, end it.
+            self._spawn(self._hand_back_when_saved(saved, lease))
+            raise
         except Exception as exc:
             self.manager.rollback(lease.id)
             log.error("could not record grant %s: %s", lease.id, exc)
@@ -265,19 +281,30 @@ class BrokerService:
         self._expiry_wakeup.set()
         self.on_change()
 
+    async def _hand_back_when_saved(self, saved: asyncio.Future[None], lease: Lease) -> None:
+        try:
+            await saved
+        except Exception:  # not recorded: nothing to hand back but the memory
+            self.manager.rollback(lease.id)
+            return
+        if lease.active:
+            self._end(lease.id, RELEASED, "the client left before the grant reached it")
+
     async def _pump(self) -> None:
         """Grant what the queue can now have; each grant is durable before its waiter hears."""
         grants = self.manager.pump()
         for grant in grants:
+            waiter = self._waiters.get(grant.request.id)
             try:
                 await self._persist_grant(grant.lease)
-            except Internal:
+            except Internal as exc:
+                if waiter is not None:  # the waiter hears of it rather than waiting forever
+                    waiter.updates.put_nowait(exc)
                 continue
-            waiter = self._waiters.get(grant.request.id)
             if waiter is not None:
                 waiter.updates.put_nowait(grant.lease)
             else:
-                await self._end(grant.lease.id, RELEASED, "the client left before the grant reached it")
+                self._end(grant.lease.id, RELEASED, "the client left before the grant reached it")
         if grants:
             self._announce_positions()
 
@@ -315,9 +342,9 @@ class BrokerService:
         if not self.is_admin(identity):
             raise PermissionDenied(f"draining devices is for root and the {self.config.admin_group!r} group")
         target = self.find_device(device)
-        self.manager.drain(target.uuid, reason, undo=undo)
+        self.manager.drain(target.uuid, _printable(reason), undo=undo)
         await self.store.save_drain(target.uuid, self.manager.drained.get(target.uuid, ""), undo)
-        user = user_name(identity.uid)
+        user = self._user_name(identity.uid)
         verb = "returned to the pool" if undo else f"drained ({self.manager.drained[target.uuid]})"
         log_event("undrain" if undo else "drain", f"gpu{target.index} {verb} by {user}", user=user,
                   device_uuids=(target.uuid,))
@@ -333,29 +360,40 @@ class BrokerService:
         raise NotFound(f"no device {text!r} on this host: give its index (0, gpu0) or uuid (see `vaccel status`)")
 
     async def release(self, identity: Identity, lease_id: str, reason: str = "") -> Lease:
-        lease = self.manager.release(lease_id, self.caller(identity), reason)
-        await self._after_end(lease)
+        lease = self.manager.release(lease_id, self.caller(identity), _printable(reason))
+        try:
+            await self._record_end(lease)
+        except Exception as exc:
+            raise Internal(f"the broker could not record the release durably: {exc}") from exc
         return lease
 
-    async def _end(self, lease_id: str, state: str, reason: str) -> None:
+    def _end(self, lease_id: str, state: str, reason: str) -> None:
+        """End a lease from the daemon's side (client gone, expired, lost)."""
         with contextlib.suppress(LeaseError):
-            await self._after_end(self.manager.end(lease_id, state, reason))
+            self._spawn(self._logged(self._record_end(self.manager.end(lease_id, state, reason))))
 
-    async def _after_end(self, lease: Lease) -> None:
-        self._spawn(self._pump())
-        await self._persist_end(lease)
-
-    async def _persist_end(self, lease: Lease) -> None:
+    def _record_end(self, lease: Lease) -> asyncio.Future[None]:
+        """Queue the end's commit right away, at the moment it happened in memory: the
+        writer commits in queue order, so a grant of the freed devices (queued later by
+        the pump) can never be committed before this end."""
+        saved = self.store.save_end(lease)
         self._forget_if_idle(lease.holder)
-        try:
-            await self.store.save_end(lease)
-        except Exception as exc:
-            log.error("could not record the end of %s: %s", lease.id, exc)
+        for member in lease.members:
+            self._forget_if_idle(Holder(0, 0, *member))
         log_event(lease.state if lease.state != HOLDER_EXITED else "exit",
                   f"lease {lease.id} of {lease.holder.user} ended ({lease.state}): {lease.end_reason}",
                   lease_id=lease.id, user=lease.holder.user, device_uuids=lease.devices,
                   state=lease.state)
+        self._spawn(self._pump())
         self.on_change()
+        return saved
+
+    @staticmethod
+    async def _logged(saved: asyncio.Future[None]) -> None:
+        try:
+            await saved
+        except Exception as exc:
+            log.error("could not record the end of a lease: %s", exc)
 
     def _forget_if_idle(self, holder: Holder) -> None:
         """Stop watching a process that holds nothing and waits for nothing."""
@@ -375,7 +413,7 @@ class BrokerService:
             if waiter is not None:
                 waiter.updates.put_nowait(QueuedUpdate(0, 0, "holder exited", ()))
         for lease in ended:
-            self._spawn(self._after_end(lease))
+            self._spawn(self._logged(self._record_end(lease)))
         if dropped:
             self._announce_positions()
             self._spawn(self._pump())
@@ -384,8 +422,9 @@ class BrokerService:
 
     async def _expiry_loop(self) -> None:
         while True:
-            for lease in self.manager.expire():
-                await self._after_end(lease)
+            saving = [self._record_end(lease) for lease in self.manager.expire()]
+            for saved in saving:
+                await self._logged(saved)
             deadline = self.manager.next_deadline()
             delay = 60.0 if deadline is None else max(0.05, deadline - time.time() + 0.01)
             self._expiry_wakeup.clear()
@@ -429,7 +468,7 @@ class BrokerService:
         )
         unavailable = {**self.occupancy.busy, **_unhealthy(snapshot.devices)}
         for lost in self.manager.set_inventory(snapshot.devices, unavailable):
-            self._spawn(self._persist_end(lost))
+            self._spawn(self._logged(self._record_end(lost)))
 
     def _signal_unleased(self) -> None:
         now = time.time()
@@ -462,6 +501,11 @@ class BrokerService:
         unhealthy = sum(1 for d in devices.values() if not d.healthy)
         return (f"{leased}/{len(devices)} GPUs leased, {len(self.manager.queue)} waiting, "
                 f"{unhealthy} unhealthy")
+
+
+def _printable(text: str) -> str:
+    """Text from one user shown on another's terminal: no escape sequences."""
+    return "".join(c for c in text if c.isprintable())
 
 
 def _command_of(pid: int) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import queue
 import sqlite3
 import threading
@@ -112,6 +113,7 @@ class LeaseStore:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute("PRAGMA foreign_keys=ON")
+            conn.execute("PRAGMA busy_timeout=5000")
             check = conn.execute("PRAGMA quick_check").fetchone()[0]
         except sqlite3.DatabaseError as exc:
             raise StateError(self._refusal(f"it is not a usable SQLite database ({exc})")) from exc
@@ -159,7 +161,10 @@ class LeaseStore:
 
     def _submit(self, op: Op) -> asyncio.Future[None]:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._ops.put((op, future))
+        if self._thread is None:  # closed (shutting down): say so rather than never answer
+            future.set_exception(StateError("the lease database is closed"))
+        else:
+            self._ops.put((op, future))
         return future
 
     def save_grant(self, lease: Lease) -> asyncio.Future[None]:
@@ -199,7 +204,15 @@ class LeaseStore:
         return self._submit(op)
 
     def _writer(self) -> None:
-        assert self._conn is not None
+        try:
+            self._drain_forever()
+        except BaseException:
+            # Without the writer nothing is ever made durable again and every grant or
+            # release would hang: better to die loudly and let systemd restart us.
+            log.critical("the lease database writer failed; exiting so the service restarts", exc_info=True)
+            os._exit(70)
+
+    def _drain_forever(self) -> None:
         while True:
             item = self._ops.get()
             if item is None:
@@ -216,32 +229,38 @@ class LeaseStore:
                 batch.append(more)
             self._run_batch(batch)
 
-    def _run_batch(self, batch: list[tuple[Op, asyncio.Future[None]]]) -> None:
+    def _transaction(self, ops: list[Op]) -> None:
         conn = self._conn
         assert conn is not None
+        conn.execute("BEGIN IMMEDIATE")
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            for op, _ in batch:
+            for op in ops:
                 op(conn)
             conn.execute("COMMIT")
-            self.commits += 1
+        except BaseException:
+            if conn.in_transaction:  # a failed COMMIT may already have rolled back
+                conn.execute("ROLLBACK")
+            raise
+        self.commits += 1
+
+    def _run_batch(self, batch: list[tuple[Op, asyncio.Future[None]]]) -> None:
+        try:
+            self._transaction([op for op, _ in batch])
+        except Exception:
+            pass
+        else:
             for _, future in batch:
                 _resolve(future, None)
             return
-        except sqlite3.Error:
-            conn.execute("ROLLBACK")
         # Something in the batch failed: commit one by one so only the culprit fails.
         for op, future in batch:
             try:
-                conn.execute("BEGIN IMMEDIATE")
-                op(conn)
-                conn.execute("COMMIT")
-                self.commits += 1
-                _resolve(future, None)
-            except sqlite3.Error as exc:
-                conn.execute("ROLLBACK")
+                self._transaction([op])
+            except Exception as exc:
                 log.error("lease database write failed: %s", exc)
                 _resolve(future, exc)
+            else:
+                _resolve(future, None)
 
     def close(self) -> None:
         if self._thread is not None:
