@@ -53,10 +53,17 @@ class Config:
             return None
 
 
+def _octal_mode(value: object) -> int:
+    # TOML's 0o660 is an integer and 0660 is invalid: a string keeps one obvious spelling.
+    if not isinstance(value, str):
+        raise ValueError('write the mode as a string, e.g. socket_mode = "0660"')
+    return int(value, 8)
+
+
 # TOML table.key -> (Config field, parser)
 _KEYS: dict[str, tuple[str, Any]] = {
     "server.socket": ("socket", Path),
-    "server.socket_mode": ("socket_mode", lambda v: int(str(v), 8)),
+    "server.socket_mode": ("socket_mode", _octal_mode),
     "server.socket_group": ("socket_group", str),
     "server.state_dir": ("state_dir", Path),
     "server.inventory": ("inventory", Path),
@@ -88,6 +95,8 @@ def _validate(config: Config) -> Config:
     where = config.source
     if config.heartbeat_ttl_s < 1:
         raise ConfigError(f"{where}: leases.heartbeat_ttl must be at least 1s")
+    if config.token_ttl_s < 60:
+        raise ConfigError(f"{where}: leases.token_ttl must be at least 60s")
     if config.probe_interval_s < 0.5:
         raise ConfigError(f"{where}: probe.refresh_interval must be at least 0.5s")
     if config.unleased_processes not in ("report", "signal"):

@@ -26,9 +26,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from brokerd.procinfo import start_time as process_start_time
+from brokerd.procinfo import process_info
 
-TOKEN_METADATA_KEY = "vaccel-token"
 _KEY_FILE = "token.key"
 _MAX_TOKEN_LEN = 1024
 
@@ -151,9 +150,12 @@ class IdentityServer:
         try:
             sock = writer.get_extra_info("socket")
             pid, uid, gid = peer_credentials(sock)
-            start = process_start_time(pid)
+            info = process_info(pid)
+            # Read after SO_PEERCRED: if the caller exited and its pid was reused meanwhile,
+            # the owner differs and the token must not bind uid to someone else's process.
+            start = info.starttime if info is not None and info.uid == uid else None
             if start is None:
-                writer.write(b'{"error": "caller exited before it could be identified"}\n')
+                writer.write(b'{"error": "could not verify the caller: it exited, or its pid was reused"}\n')
             else:
                 token, expires = self.authority.mint(Identity(uid, gid, pid, start))
                 reply = {"token": token, "expires": expires, "uid": uid, "pid": pid}

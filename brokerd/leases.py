@@ -466,6 +466,4 @@ class LeaseManager:
                 assert uuid not in owners, f"{uuid} held by {owners[uuid]} and {lease.id}"
                 owners[uuid] = lease.id
         assert owners == self.owner, "owner index out of step with the leases"
-        queued_holders = {r.id for r in self.queue}
-        assert not queued_holders & set(self.owner.values()), "a queued request owns a device"
         assert not set(self.leases) & set(self.ended), "a lease is both active and ended"

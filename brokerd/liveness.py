@@ -48,9 +48,6 @@ class ProcessWatcher:
             self._loop.remove_reader(fd)
             os.close(fd)
 
-    def is_alive(self, pid: int, start_time: int) -> bool:
-        return process_start_time(pid) == start_time
-
     def _exited(self, key: tuple[int, int]) -> None:
         self.unwatch(*key)
         try:

@@ -69,10 +69,18 @@ def main(argv: list[str] | None = None) -> int:
         from brokerd.install_units import install_units
 
         kwargs = {"dest": args.dest} if args.dest else {}
-        install_units(**kwargs)
+        try:
+            install_units(**kwargs)
+        except PermissionError as exc:
+            print(f"vaccel-brokerd: cannot write {exc.filename}: permission denied (run it as root)",
+                  file=sys.stderr)
+            return 1
         return 0
     overrides = {"socket": args.socket, "state_dir": args.state_dir, "inventory": args.inventory,
                  "log_level": args.log_level}
+    if args.config is not None and not args.config.exists():
+        print(f"vaccel-brokerd: {args.config}: no such configuration file", file=sys.stderr)
+        return 2
     config_path = args.config or DEFAULT_CONFIG_PATH
     try:
         config = load_config(config_path, overrides)
@@ -94,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(Daemon(config, config_path, overrides).run())
     except StartupError as exc:
         print(f"vaccel-brokerd: {exc}", file=sys.stderr)
+        return 1
+    except PermissionError as exc:
+        print(f"vaccel-brokerd: cannot use {exc.filename}: permission denied (run as root for the "
+              "system paths, or pass --socket and --state-dir you own)", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 0

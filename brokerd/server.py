@@ -67,10 +67,18 @@ def _lock_state_dir(state_dir: Path) -> int:
 
 
 def _prepare_socket(path: Path) -> None:
-    """Make the socket's folder reachable by every user and clear a stale socket."""
+    """Make the socket's folder reachable by every user and clear a stale socket. Refuse a
+    folder someone else controls: they could swap our socket for an impostor's."""
     if not path.parent.exists():
         path.parent.mkdir(parents=True, mode=0o755)
         os.chmod(path.parent, 0o755)  # mkdir's mode is masked by the umask
+    st = path.parent.stat()
+    sticky = bool(st.st_mode & 0o1000)
+    if st.st_uid not in (0, os.geteuid()) or (st.st_mode & 0o022 and not sticky):
+        raise StartupError(
+            f"refusing to serve from {path.parent}: it is owned by uid {st.st_uid} or writable by "
+            "others, so someone else could replace the socket; use a folder you own (--socket)"
+        )
     if path.exists():
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -95,6 +103,9 @@ class Daemon:
     async def run(self) -> int:
         config = self.config
         lock_fd = _lock_state_dir(config.state_dir)
+        # Everything that can refuse to start comes before the state is touched.
+        _prepare_socket(config.socket)
+        authority = TokenAuthority(load_or_create_key(config.state_dir), config.token_ttl_s)
         store = LeaseStore(config.state_dir)
         try:
             active, ended, drained = store.open()
@@ -110,8 +121,6 @@ class Daemon:
         service = BrokerService(config, store, snapshot, refresh=source)
         service.restore(active, ended, drained)
 
-        authority = TokenAuthority(load_or_create_key(config.state_dir), config.token_ttl_s)
-        _prepare_socket(config.socket)
         server = grpc.aio.server(options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", 16 * MAX_MESSAGE_BYTES),

@@ -25,6 +25,7 @@ from brokerd.journal import log_event
 from brokerd.leases import (
     HOLDER_EXITED,
     RELEASED,
+    Busy,
     Caller,
     Holder,
     Lease,
@@ -41,6 +42,10 @@ from brokerd.procinfo import ancestors, process_info, user_name
 from brokerd.store import LeaseStore
 
 log = logging.getLogger("vaccel.brokerd")
+
+
+# Each waiting request holds a pidfd and a stream: bound what one user can pile up.
+MAX_QUEUED_PER_USER = 64
 
 
 class Internal(LeaseError):
@@ -203,6 +208,10 @@ class BrokerService:
             memory_cap_mib=self.config.memory_cap_mib,
             accelerator_config_yaml=accelerator_config_yaml,
         )
+        waiting = sum(1 for r in self.manager.queue if r.holder.uid == holder.uid)
+        if wait and waiting >= MAX_QUEUED_PER_USER:
+            self._forget_if_idle(holder)
+            raise Busy(f"{holder.user} already has {waiting} requests waiting; let some finish or cancel them")
         try:
             outcome = self.manager.submit(holder, requirement, wait=wait, terms=terms, cache_key=cache_key)
         except LeaseError as exc:
@@ -434,6 +443,7 @@ class BrokerService:
     async def _probe_loop(self) -> None:
         assert self._refresh_inventory is not None
         loop = asyncio.get_running_loop()
+        failures = 0
         while True:
             await asyncio.sleep(self.config.probe_interval_s)
             try:
@@ -441,6 +451,17 @@ class BrokerService:
             except Exception as exc:  # a failing refresh keeps the last good picture
                 log.warning("device refresh failed, keeping the previous inventory: %s", exc)
                 continue
+            lost_probes = _lost_probes(self.snapshot, snapshot)
+            if lost_probes:
+                # A probe that worked a moment ago and now finds nothing is usually a
+                # transient driver hiccup: revoking every lease on it would be worse.
+                # Believe it only when it persists.
+                failures += 1
+                if failures < _PROBE_FAILURES_BEFORE_BELIEVED:
+                    log.warning("the %s probe found nothing this time; keeping the previous inventory",
+                                ", ".join(lost_probes))
+                    continue
+            failures = 0
             self.apply_snapshot(snapshot)
 
     def apply_snapshot(self, snapshot: Snapshot) -> None:
@@ -501,6 +522,16 @@ class BrokerService:
         unhealthy = sum(1 for d in devices.values() if not d.healthy)
         return (f"{leased}/{len(devices)} GPUs leased, {len(self.manager.queue)} waiting, "
                 f"{unhealthy} unhealthy")
+
+
+_PROBE_FAILURES_BEFORE_BELIEVED = 3
+
+
+def _lost_probes(before: Snapshot, after: Snapshot) -> list[str]:
+    """Vendors whose probe found devices before and finds none now."""
+    had = {v.vendor for v in before.verdicts if v.available}
+    has = {v.vendor for v in after.verdicts if v.available}
+    return sorted((had - has) - {"cpu"})
 
 
 def _printable(text: str) -> str:

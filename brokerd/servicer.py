@@ -10,15 +10,16 @@ import socket
 from collections.abc import AsyncIterator
 
 import grpc
+from vaccel.connection import TOKEN_METADATA_KEY
 from vaccel.v1 import broker_pb2 as pb
 from vaccel.v1 import broker_pb2_grpc
 
 from brokerd import __version__
-from brokerd.contract import Requirement
+from brokerd.contract import Requirement, evaluate
 from brokerd.contract.convert import check_line_to_proto, requirement_from_request
 from brokerd.contract.spec import ContractError
 from brokerd.devices import Device
-from brokerd.identity import TOKEN_METADATA_KEY, Identity, TokenAuthority, TokenError
+from brokerd.identity import Identity, TokenAuthority, TokenError
 from brokerd.leases import Lease, LeaseError
 from brokerd.service import BrokerService, QueuedUpdate
 
@@ -134,6 +135,11 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             async for update in updates:
                 if isinstance(update, QueuedUpdate):
                     queued = pb.Queued(position=update.position, total=update.total, message=update.message)
+                    for uuid in update.held:
+                        device = self.service.manager.devices.get(uuid)
+                        if device is not None:
+                            state, lease = self.service.device_view(device)
+                            queued.held.append(device_pb(device, state, lease))
                     yield pb.AcquireUpdate(queued=queued)
                 else:
                     yield pb.AcquireUpdate(granted=self.lease_pb(update))
@@ -242,8 +248,6 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             )
         except ContractError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        from brokerd.contract import evaluate
-
         devices = sorted(self.service.manager.devices.values(), key=lambda d: d.index)
         evaluation = evaluate(requirement, devices)
         reply = pb.CheckReply(satisfiable=evaluation.satisfiable, summary=evaluation.reason)

@@ -53,7 +53,8 @@ BACKENDS: dict[str, Backend] = {
     "cpu": Backend(
         name="cpu",
         visible_devices_vars=(),
-        extra_env=(),
+        # A CPU lease must not leave the host's GPUs visible: hide them from every runtime.
+        extra_env=(("CUDA_VISIBLE_DEVICES", "-1"), ("HIP_VISIBLE_DEVICES", "-1"), ("ROCR_VISIBLE_DEVICES", "-1")),
         allocator_var="",
         torch_device_type="cpu",
         dist_backend="gloo",

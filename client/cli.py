@@ -254,6 +254,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             wait = parse_duration(args.wait)
         except ValueError as exc:
             raise CliError(str(exc), EXIT_USAGE) from None
+    from vaccel.contract_files import ContractFileError
+
     try:
         return run_under_lease(
             command, gpus=args.gpus, min_memory_mib=_size(args.min_memory), contract=args.contract,
@@ -261,6 +263,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     except Interrupted as exc:
         raise CliError(str(exc), exc.exit_code) from None
+    except ContractFileError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
     except LeaseError as exc:
         code = {"resource_exhausted": EXIT_TEMPFAIL, "deadline_exceeded": EXIT_TEMPFAIL,
                 "unavailable": EXIT_UNAVAILABLE, "invalid_argument": EXIT_USAGE}.get(exc.code, EXIT_REFUSED)
@@ -271,11 +275,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    socket_help = "the broker's socket (default: $VACCEL_SOCKET, then the standard places)"
+    # Accepted before or after the command; SUPPRESS keeps a subcommand from resetting a
+    # --socket given before it.
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--socket", default=None,
-                        help="the broker's socket (default: $VACCEL_SOCKET, then the standard places)")
-    parser = argparse.ArgumentParser(prog="vaccel", description=DESCRIPTION, parents=[common],
+    common.add_argument("--socket", default=argparse.SUPPRESS, help=socket_help)
+    parser = argparse.ArgumentParser(prog="vaccel", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--socket", default=None, help=socket_help)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser("status", parents=[common], help="devices, holders, queue, unleased GPU processes",

@@ -12,9 +12,8 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 from vaccel.paths import client_socket, identity_socket
@@ -22,7 +21,6 @@ from vaccel.v1 import broker_pb2_grpc
 
 TOKEN_METADATA_KEY = "vaccel-token"
 _RENEW_BEFORE_S = 60.0
-T = TypeVar("T")
 
 
 # The pid of the process that first opened a channel. gRPC (with its fork handlers off,
@@ -42,6 +40,20 @@ def _unreachable(path: Path, why: str) -> BrokerUnavailable:
     )
 
 
+def _check_fallback_folder(path: Path) -> None:
+    """/tmp/vaccel-$UID is a fixed name in a shared folder: another user could create it
+    first and serve an impostor broker there. Talk to it only if it is ours."""
+    if path.parent != Path(f"/tmp/vaccel-{os.getuid()}"):
+        return
+    try:
+        owner = path.parent.stat().st_uid
+    except FileNotFoundError:
+        return
+    if owner != os.getuid():
+        raise BrokerUnavailable(f"refusing {path}: its folder belongs to uid {owner}, not to you; remove it "
+                                "and restart your broker, or set VACCEL_SOCKET")
+
+
 class BrokerConnection:
     def __init__(self, socket_path: str | os.PathLike[str] | None = None) -> None:
         self.path = client_socket(socket_path)
@@ -56,6 +68,7 @@ class BrokerConnection:
 
     def _mint_token(self) -> None:
         id_path = identity_socket(self.path)
+        _check_fallback_folder(self.path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(10)
         try:
@@ -134,16 +147,6 @@ class BrokerConnection:
     def stream(self, method: str, request: Any, *, timeout: float | None = None) -> Any:
         stub = self._ensure()
         return getattr(stub, method)(request, timeout=timeout, metadata=self.metadata())
-
-    def with_token_retry(self, fn: Callable[[], T]) -> T:
-        try:
-            return fn()
-        except grpc.RpcError as exc:
-            if exc.code() != grpc.StatusCode.UNAUTHENTICATED:
-                raise
-            self._token = ""
-            self._ensure()
-            return fn()
 
     def close(self) -> None:
         with self._lock:

@@ -308,7 +308,10 @@ class lease:
             self._heartbeat.stop()
         current = self._lease
         if current is not None and current._accelerator is not None:
-            current._accelerator.close()  # process group down before the devices go back
+            try:
+                current._accelerator.close()  # process group down before the devices go back
+            except Exception as err:
+                print(f"vaccel: closing the accelerator failed ({err}); releasing anyway", file=sys.stderr)
         if current is not None and not current.joined and not current.ended:
             try:
                 self._connection.call("Release", pb.ReleaseRequest(lease_id=current.id),  # type: ignore[union-attr]

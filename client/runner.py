@@ -4,7 +4,9 @@
 - Signals sent to `vaccel run` are forwarded; a Ctrl-C from the terminal already
   reaches the whole foreground process group, so it is not sent twice.
 - If `vaccel run` dies, even by SIGKILL, the kernel kills the command (PR_SET_PDEATHSIG)
-  and the broker ends the lease (it watches our pid).
+  and the broker ends the lease (it watches our pid). Processes the command left running
+  in the background are not killed then; on real GPUs the broker sees them as GPU users
+  without a lease and keeps their device out of the pool until they are gone.
 - If the lease ends behind our back (revoked, expired), the command gets SIGTERM, then
   SIGKILL after a grace period: it must not keep computing on someone else's device.
 """
@@ -33,10 +35,14 @@ _SI_KERNEL = 0x80  # si_code of a signal the kernel sent (the terminal's Ctrl-C)
 LOST_GRACE_S = 10.0
 
 
+# Resolved here, not in the child: loading symbols between fork and exec in a process
+# with other threads (gRPC's) can deadlock on the loader's lock.
+_prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+
 def _child_setup(parent_pid: int) -> None:
     """Runs in the child between fork and exec: die with the parent, take signals again."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _WAITED)

@@ -7,9 +7,14 @@ loads no vendor library: each probe imports its library inside `probe()`.
 
 from __future__ import annotations
 
+import os
+
 from brokerd.devices import Device, ProbeResult, ProbeVerdict, Snapshot
 from brokerd.probes.base import Probe
 from brokerd.probes.cpu import CpuProbe
+
+# Device nodes that mean "a GPU driver is loaded here" (NVIDIA control device, AMD KFD).
+GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/kfd")
 
 
 def default_probes() -> list[Probe]:
@@ -34,9 +39,17 @@ def run_probes(probes: list[Probe], *, cpu_fallback: bool = True) -> Snapshot:
         devices.extend(result.devices)
         processes.extend(result.processes)
     if cpu_fallback and not devices:
-        cpu = CpuProbe().probe()
-        verdicts.append(cpu.verdict)
-        devices.extend(cpu.devices)
+        nodes = [path for path in GPU_DEVICE_NODES if os.path.exists(path)]
+        if nodes:
+            # GPUs are plugged in but their probe failed (driver/library mismatch after an
+            # upgrade, permissions): offering "the CPU" here would hand out leases while
+            # every job could still see and grab the GPUs. Fail closed and say why.
+            reason = f"not offering the CPU: {', '.join(nodes)} exist but no GPU probe succeeded"
+            verdicts.append(ProbeVerdict("cpu", False, reason))
+        else:
+            cpu = CpuProbe().probe()
+            verdicts.append(cpu.verdict)
+            devices.extend(cpu.devices)
     renumbered = tuple(_with_index(d, i) for i, d in enumerate(devices))
     simulated = any(d.simulated for d in renumbered)
     return Snapshot(renumbered, tuple(processes), tuple(verdicts), simulated)
