@@ -59,3 +59,16 @@ def test_a_probe_that_stops_finding_devices_is_noticed():
                                   ProbeVerdict("cpu", True, "cpu")))
     assert _lost_probes(ok, gone) == ["nvidia"]
     assert _lost_probes(gone, ok) == []
+
+
+def test_socket_mode_must_be_an_octal_string(tmp_path: Path):
+    import pytest
+
+    from brokerd.config import ConfigError, load_config
+
+    config = tmp_path / "brokerd.toml"
+    config.write_text("[server]\nsocket_mode = 0o660\n")
+    with pytest.raises(ConfigError, match='socket_mode = "0660"'):
+        load_config(config)
+    config.write_text('[server]\nsocket_mode = "0660"\n')
+    assert load_config(config).socket_mode == 0o660

@@ -400,3 +400,14 @@ def test_admin_drain_keeps_a_device_out_of_the_pool(broker: Broker):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_cli_usage_errors_are_one_line(broker: Broker):
+    env = {k: v for k, v in broker.env.items() if k != "VACCEL_SOCKET"}
+    r = broker.vaccel("--socket", str(broker.socket), "status", env=env)
+    assert r.returncode == 0, "--socket before the command is honoured"
+    r = broker.vaccel("run", "--contract", "no-such-spec.yaml", "--", "true")
+    assert r.returncode == 2 and "no-such-spec.yaml" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "brokerd.main", "--config", "/nonexistent/brokerd.toml"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "no such configuration file" in r.stderr
