@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from brokerd.devices import Device, GpuProcess, ProbeResult, ProbeVerdict
-from brokerd.probes.base import unavailable
-from brokerd.probes.nvidia import FieldLog, Unavailable
+from brokerd.probes.base import FieldLog, FieldReader, Unavailable, unavailable
 
 MIB = 1024 * 1024
 
@@ -53,34 +52,21 @@ def _error_code(exc: BaseException) -> int | None:
     return int(code) if isinstance(code, int) else None
 
 
-class _Reader:
-    """The one query wrapper around amdsmi calls for one processor."""
+class _Reader(FieldReader):
+    """amdsmi calls for one processor."""
+
+    package = "amdsmi"
 
     def __init__(self, amdsmi: Any, log: FieldLog) -> None:
-        self.amdsmi = amdsmi
-        self.log = log
+        super().__init__(amdsmi, amdsmi.AmdSmiException, log)
 
-    def get(self, key: str, function: str, *args: Any) -> Any:
-        value = self.call(function, *args)
-        if isinstance(value, Unavailable):
-            self.log.missing.setdefault(key, value.reason)
-        return value
-
-    def call(self, function: str, *args: Any) -> Any:
-        if self.log.lost:
-            return Unavailable(self.log.lost)
-        fn = getattr(self.amdsmi, function, None)
-        if fn is None:
-            return Unavailable(f"{function} is not in this amdsmi")
-        try:
-            return fn(*args)
-        except self.amdsmi.AmdSmiException as exc:
-            code = _error_code(exc)
-            if code == _NOT_FOUND:
-                self.log.lost = f"amdsmi: {exc}"
-            elif code in (_NOT_SUPPORTED, _NOT_YET_IMPLEMENTED):
-                return Unavailable("not supported on this device")
-            return Unavailable(f"amdsmi: {exc}")
+    def classify(self, exc: BaseException) -> Unavailable:
+        code = _error_code(exc)
+        if code == _NOT_FOUND:
+            self.log.lost = f"amdsmi: {exc}"
+        elif code in (_NOT_SUPPORTED, _NOT_YET_IMPLEMENTED):
+            return Unavailable("not supported on this device")
+        return Unavailable(f"amdsmi: {exc}")
 
 
 def _number(value: Any) -> int | float | None:
@@ -248,7 +234,7 @@ class AmdSmiProbe:
         if peak:
             return float(peak)
         width = _number(vram.get("vram_bit_width"))
-        clk_type = getattr(getattr(r.amdsmi, "AmdSmiClkType", None), "MEM", None)
+        clk_type = getattr(getattr(r.library, "AmdSmiClkType", None), "MEM", None)
         if not width or clk_type is None:
             return 0.0
         clock = r.get("max_memory_clock", "amdsmi_get_clock_info", handle, clk_type)

@@ -14,12 +14,11 @@ be told.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from brokerd.devices import Device, GpuProcess, ProbeResult, ProbeVerdict
-from brokerd.probes.base import unavailable
+from brokerd.probes.base import FieldLog, FieldReader, Unavailable, unavailable
 
 MIB = 1024 * 1024
 
@@ -46,60 +45,23 @@ _INIT_REASONS = {
 }
 
 
-@dataclass(frozen=True)
-class Unavailable:
-    """A device fact the management library could not give; `reason` says why.
+class _Reader(FieldReader):
+    """NVML calls for one device (or the system)."""
 
-    Falsy, so `value or default` reads naturally where a default is fine."""
-
-    reason: str
-
-    def __bool__(self) -> bool:
-        return False
-
-
-@dataclass
-class FieldLog:
-    """What one device's reads produced beyond the values: which fields were missing and
-    whether the device stopped answering part-way."""
-
-    missing: dict[str, str] = field(default_factory=dict)
-    lost: str = ""  # non-empty once the device has stopped answering: the reason
-
-
-class _Reader:
-    """The one query wrapper around NVML calls for one device (or the system)."""
+    package = "nvidia-ml-py"
 
     def __init__(self, nvml: Any, log: FieldLog) -> None:
-        self.nvml = nvml
-        self.log = log
+        super().__init__(nvml, nvml.NVMLError, log)
 
-    def get(self, key: str, function: str, *args: Any) -> Any:
-        """Call `nvml.<function>(*args)`; on failure record `key` as missing and return
-        the `Unavailable` value."""
-        value = self.call(function, *args)
-        if isinstance(value, Unavailable):
-            self.log.missing.setdefault(key, value.reason)
-        return value
-
-    def call(self, function: str, *args: Any) -> Any:
-        """Call `nvml.<function>(*args)`, turning any NVML error into `Unavailable`."""
-        if self.log.lost:
-            return Unavailable(self.log.lost)
-        fn = getattr(self.nvml, function, None)
-        if fn is None:
-            return Unavailable(f"{function} is not in this nvidia-ml-py")
-        try:
-            return fn(*args)
-        except self.nvml.NVMLError as exc:
-            code = getattr(exc, "value", None)
-            if code in (_GPU_IS_LOST, _RESET_REQUIRED):
-                self.log.lost = f"NVML: {exc}"
-            elif code == _NOT_SUPPORTED:
-                return Unavailable("not supported on this device")
-            elif code == _FUNCTION_NOT_FOUND:
-                return Unavailable("the installed driver lacks this NVML function")
-            return Unavailable(f"NVML: {exc}")
+    def classify(self, exc: BaseException) -> Unavailable:
+        code = getattr(exc, "value", None)
+        if code in (_GPU_IS_LOST, _RESET_REQUIRED):
+            self.log.lost = f"NVML: {exc}"
+        elif code == _NOT_SUPPORTED:
+            return Unavailable("not supported on this device")
+        elif code == _FUNCTION_NOT_FOUND:
+            return Unavailable("the installed driver lacks this NVML function")
+        return Unavailable(f"NVML: {exc}")
 
 
 def _text(value: Any) -> str:
@@ -257,7 +219,7 @@ class NvmlProbe:
     def _memory(self, r: _Reader, handle: Any) -> tuple[Any, int | None]:
         """(memory info with .total/.used in bytes, reserved MiB or None). The v2 query
         keeps the driver's reservation out of `used`, which the zombie check needs."""
-        v2 = getattr(r.nvml, "nvmlMemory_v2", None)
+        v2 = getattr(r.library, "nvmlMemory_v2", None)
         if v2 is not None:
             # Drivers before r510 refuse the versioned struct; fall back to v1 quietly.
             info = r.call("nvmlDeviceGetMemoryInfo", handle, v2)
