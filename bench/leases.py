@@ -44,8 +44,9 @@ from typing import Any
 
 import grpc
 from vaccel.connection import BrokerConnection
-from vaccel.paths import identity_socket
-from vaccel.v1 import broker_pb2 as pb
+
+from vaccel_common.paths import identity_socket
+from vaccel_common.v1 import broker_pb2 as pb
 
 ECHO_METHOD = "/vaccel.bench.Echo/Echo"
 SIMULATED_DEVICES = 64

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from vaccel.paths import default_socket
-from vaccel.units import parse_duration, parse_size_mib
+from vaccel_common.paths import default_socket
+from vaccel_common.units import parse_duration, parse_size_mib
 
 DEFAULT_CONFIG_PATH = Path("/etc/vaccel/brokerd.toml")
 

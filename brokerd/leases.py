@@ -18,10 +18,9 @@ import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from vaccel.units import format_duration
-
 from brokerd.contract import CheckLine, Evaluation, Requirement, evaluate, select
 from brokerd.devices import Device
+from vaccel_common.units import format_duration
 
 ACTIVE = "active"
 RELEASED = "released"

@@ -20,8 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from vaccel.paths import identity_socket
-from vaccel.v1 import broker_pb2_grpc
 
 from brokerd.config import Config, ConfigError, load_config
 from brokerd.devices import Snapshot
@@ -33,6 +31,8 @@ from brokerd.probes.simulated import SimulatedProbe
 from brokerd.service import BrokerService
 from brokerd.servicer import BrokerServicer
 from brokerd.store import LeaseStore, StateError
+from vaccel_common.paths import identity_socket
+from vaccel_common.v1 import broker_pb2_grpc
 
 log = logging.getLogger("vaccel.brokerd")
 

@@ -10,9 +10,6 @@ import socket
 from collections.abc import AsyncIterator
 
 import grpc
-from vaccel.connection import TOKEN_METADATA_KEY
-from vaccel.v1 import broker_pb2 as pb
-from vaccel.v1 import broker_pb2_grpc
 
 from brokerd import __version__
 from brokerd.contract import Requirement, evaluate
@@ -22,6 +19,9 @@ from brokerd.devices import Device
 from brokerd.identity import Identity, TokenAuthority, TokenError
 from brokerd.leases import Lease, LeaseError
 from brokerd.service import BrokerService, QueuedUpdate
+from vaccel_common.auth import TOKEN_METADATA_KEY
+from vaccel_common.v1 import broker_pb2 as pb
+from vaccel_common.v1 import broker_pb2_grpc
 
 log = logging.getLogger("vaccel.brokerd")
 

@@ -1,11 +1,12 @@
-"""Generate the Python gRPC code for proto/vaccel/v1/*.proto into client/v1/.
+"""Generate the Python gRPC code for proto/vaccel/v1/*.proto into vaccel_common/v1/.
 
     python scripts/gen_proto.py          # write the files
     python scripts/gen_proto.py --check  # exit 1 when the committed files are stale
 
-The proto package is `vaccel.v1` and the client package `vaccel` lives in client/,
-so generating with `-I proto` into a folder that stands for `vaccel` makes the
-generated imports (`from vaccel.v1 import broker_pb2`) resolve unchanged.
+The proto package is `vaccel.v1` (its wire names, `/vaccel.v1.Broker/Acquire`, stay), but
+the generated modules live in the shared layer `vaccel_common`, which both the daemon and
+the client import without importing each other. protoc names the Python import after the
+.proto's path, so the one generated import between the modules is rewritten to match.
 """
 
 from __future__ import annotations
@@ -18,8 +19,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "proto"
-OUT_PACKAGE = ROOT / "client" / "v1"
+OUT_PACKAGE = ROOT / "vaccel_common" / "v1"
+# protoc writes `from vaccel.v1 import broker_pb2`; the modules import as vaccel_common.v1.
+_PROTOC_IMPORT = b"from vaccel.v1 import "
+_SHARED_IMPORT = b"from vaccel_common.v1 import "
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
+INIT_TEXT = '"""Generated gRPC code for the vaccel.v1 API (scripts/gen_proto.py; do not edit)."""\n'
 
 
 def generate(out_root: Path) -> list[Path]:
@@ -41,7 +46,10 @@ def generate(out_root: Path) -> list[Path]:
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
     generated = out_root / "vaccel" / "v1"
-    return sorted(p for p in generated.iterdir() if p.name.endswith(GENERATED_SUFFIXES))
+    files = sorted(p for p in generated.iterdir() if p.name.endswith(GENERATED_SUFFIXES))
+    for path in files:
+        path.write_bytes(path.read_bytes().replace(_PROTOC_IMPORT, _SHARED_IMPORT))
+    return files
 
 
 def main() -> int:
@@ -63,7 +71,7 @@ def main() -> int:
         OUT_PACKAGE.mkdir(parents=True, exist_ok=True)
         for p in fresh:
             (OUT_PACKAGE / p.name).write_bytes(p.read_bytes())
-        (OUT_PACKAGE / "__init__.py").write_text('"""Generated gRPC code for vaccel.v1."""\n')
+        (OUT_PACKAGE / "__init__.py").write_text(INIT_TEXT)
         print(f"wrote {len(fresh)} files to {OUT_PACKAGE.relative_to(ROOT)}")
     return 0
 

@@ -27,7 +27,8 @@ from vaccel.accelerator import (  # noqa: E402
 from vaccel.accelerator.amp import AmpPolicy, policy_from  # noqa: E402
 from vaccel.accelerator.distributed import RankInfo, process_group_backend, rank_info  # noqa: E402
 from vaccel.accelerator.placement import DeviceLoader, remake_loader  # noqa: E402
-from vaccel.backends import lease_env  # noqa: E402
+
+from vaccel_common.backends import lease_env  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU_LEASE = lease_env(lease_id="L-cpu", backend_name="cpu", device_ids=[])

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from vaccel.backends import lease_env
+from vaccel_common.backends import lease_env
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which(

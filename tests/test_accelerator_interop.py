@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("accelerate")
 
-from vaccel.backends import lease_env
+from vaccel_common.backends import lease_env
 
 ACCELERATE_SCRIPT = """
 import torch

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vaccel.backends import lease_env
-
 import brokerd.probes as probes
 from brokerd.devices import ProbeVerdict, Snapshot
 from brokerd.service import _lost_probes
+from vaccel_common.backends import lease_env
 
 
 def test_cuda_lease_env_is_by_uuid_in_pci_order():

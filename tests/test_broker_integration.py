@@ -125,7 +125,8 @@ def test_sigkill_of_vaccel_run_kills_the_command_and_frees_the_device(broker: Br
     wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() and leased(broker))
     child = int(pidfile.read_text())
     from vaccel.connection import BrokerConnection
-    from vaccel.v1 import broker_pb2 as pb
+
+    from vaccel_common.v1 import broker_pb2 as pb
 
     conn = BrokerConnection(broker.socket)  # poll in-process: a CLI start costs more than the budget
 
@@ -314,7 +315,7 @@ def connection(broker: Broker):
 
 
 def _acquire_code(conn, **fields) -> grpc.StatusCode:
-    from vaccel.v1 import broker_pb2 as pb
+    from vaccel_common.v1 import broker_pb2 as pb
 
     try:
         for _ in conn.stream("Acquire", pb.AcquireRequest(**fields), timeout=10):
@@ -325,7 +326,7 @@ def _acquire_code(conn, **fields) -> grpc.StatusCode:
 
 
 def test_absurd_values_get_precise_status_codes(broker: Broker, connection):
-    from vaccel.v1 import broker_pb2 as pb
+    from vaccel_common.v1 import broker_pb2 as pb
 
     assert _acquire_code(connection, gpus=0) == grpc.StatusCode.INVALID_ARGUMENT
     assert _acquire_code(connection, gpus=10**9) == grpc.StatusCode.INVALID_ARGUMENT
@@ -343,8 +344,8 @@ def test_absurd_values_get_precise_status_codes(broker: Broker, connection):
 
 
 def test_forged_or_missing_token_is_unauthenticated(broker: Broker):
-    from vaccel.v1 import broker_pb2 as pb
-    from vaccel.v1 import broker_pb2_grpc
+    from vaccel_common.v1 import broker_pb2 as pb
+    from vaccel_common.v1 import broker_pb2_grpc
 
     channel = grpc.insecure_channel(f"unix:{broker.socket}")
     stub = broker_pb2_grpc.BrokerStub(channel)

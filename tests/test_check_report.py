@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from vaccel.check_report import check_exit_code, render_check, render_line
-from vaccel.v1 import broker_pb2 as pb
 
 from brokerd.contract import evaluate
 from brokerd.contract.convert import check_line_to_proto
 from tests.mixed_host import A100, MI250X, MIXED, requirement
+from vaccel_common.v1 import broker_pb2 as pb
 
 EXAMPLE_SPEC = (Path(__file__).resolve().parent.parent / "examples" / "runtime-spec.yaml").read_text()
 

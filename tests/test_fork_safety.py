@@ -52,7 +52,7 @@ def test_dataloader_fork_workers_under_a_lease(broker: Broker):
 CHILD_WITHOUT_LEASE = textwrap.dedent("""
     import os, vaccel
     from vaccel.connection import BrokerConnection
-    from vaccel.v1 import broker_pb2 as pb
+    from vaccel_common.v1 import broker_pb2 as pb
     BrokerConnection().call("Status", pb.StatusRequest())   # the parent uses gRPC
     pid = os.fork()
     if pid == 0:

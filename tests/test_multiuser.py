@@ -54,14 +54,14 @@ def _ensure_group(name: str, members: list[str]) -> None:
 
 @pytest.fixture(scope="module")
 def staged() -> Iterator[Path]:
-    """A world-readable copy of the packages (client/ as vaccel, brokerd/ as brokerd)."""
+    """A world-readable copy of the three packages: vaccel, vaccel_common and brokerd."""
     for user in USERS:
         _ensure_user(user)
     _ensure_group(ADMIN_GROUP, ["vaccel-carol"])
     stage = Path(tempfile.mkdtemp(prefix="vaccel-mu-"))
     os.chmod(stage, 0o755)
-    shutil.copytree(ROOT / "client", stage / "vaccel", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(ROOT / "brokerd", stage / "brokerd", ignore=shutil.ignore_patterns("__pycache__"))
+    for package in (ROOT / "client" / "vaccel", ROOT / "vaccel_common", ROOT / "brokerd"):
+        shutil.copytree(package, stage / package.name, ignore=shutil.ignore_patterns("__pycache__"))
     for path in [stage, *stage.rglob("*")]:
         os.chmod(path, 0o755 if path.is_dir() else 0o644)
     probe = subprocess.run([sys.executable, "-c", "import grpc, yaml"], user=USERS[0],
@@ -147,7 +147,8 @@ def test_another_user_cannot_release_heartbeat_or_join(root_broker: Broker, stag
         assert r.returncode != 0 and "only its holder" in r.stderr
         from vaccel.connection import BrokerConnection  # noqa: F401 - imported to prove the module is importable
 
-        hb = ("import grpc\nfrom vaccel.connection import BrokerConnection\nfrom vaccel.v1 import broker_pb2 as pb\n"
+        hb = ("import grpc\nfrom vaccel.connection import BrokerConnection\n"
+              "from vaccel_common.v1 import broker_pb2 as pb\n"
               f"c = BrokerConnection()\ntry:\n    c.call('Heartbeat', pb.LeaseRef(lease_id='{lease_id}'))\n"
               "except grpc.RpcError as e:\n    print(e.code().name)\n")
         env.pop("VACCEL_LEASE_ID")

@@ -3,6 +3,7 @@ vendor names stay in probes and accelerator backends, and the daemon never impor
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -25,12 +26,13 @@ def test_ruff_clean():
 
 
 VENDOR_WORDS = re.compile(r"cuda|\bhip\b|nvml|amdsmi|\bxpu\b", re.IGNORECASE)
-ALLOWED = ("brokerd/probes/", "client/backends.py", "client/accelerator/", "client/v1/")
+ALLOWED = ("brokerd/probes/", "vaccel_common/backends.py", "vaccel_common/v1/", "client/vaccel/accelerator/")
 
 
 def test_vendor_names_only_in_probes_and_backends():
     offenders = []
-    for path in [*ROOT.joinpath("brokerd").rglob("*.py"), *ROOT.joinpath("client").rglob("*.py")]:
+    for path in [*ROOT.joinpath("brokerd").rglob("*.py"), *ROOT.joinpath("vaccel_common").rglob("*.py"),
+                 *ROOT.joinpath("client").rglob("*.py")]:
         rel = path.relative_to(ROOT).as_posix()
         if rel.startswith(ALLOWED):
             continue
@@ -47,3 +49,26 @@ def test_the_daemon_never_imports_torch():
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "False"
+
+
+def test_the_daemon_never_imports_the_client_and_leaves_its_environment_alone():
+    """The daemon and the client share vaccel_common only: importing the whole daemon must
+    neither import the client package `vaccel` nor change the daemon's own environment
+    (the client turns gRPC's fork handlers off; the daemon must not inherit that)."""
+    code = ("import os, sys; before = dict(os.environ);"
+            "import brokerd.main, brokerd.server, brokerd.service, brokerd.servicer, brokerd.contract, brokerd.probes;"
+            "from brokerd.probes import default_probes; default_probes();"
+            "client = sorted(m for m in sys.modules if m == 'vaccel' or m.startswith('vaccel.'));"
+            "print(client, dict(os.environ) == before)")
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_ENABLE_FORK_SUPPORT"}
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[] True"
+
+
+def test_the_shared_layer_imports_nothing_of_either_side():
+    offenders = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+                 for path in ROOT.joinpath("vaccel_common").rglob("*.py")
+                 for number, line in enumerate(path.read_text().splitlines(), 1)
+                 if re.match(r"\s*(from|import)\s+(vaccel|brokerd)\b(?!_common)", line)]
+    assert offenders == []

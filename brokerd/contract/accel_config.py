@@ -20,8 +20,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vaccel.backends import BACKEND_ALIASES, BACKENDS
-
 from brokerd.contract.located import (
     ContractError,
     Located,
@@ -46,6 +44,7 @@ from brokerd.contract.versions import (
     try_capability,
 )
 from brokerd.devices import Device
+from vaccel_common.backends import BACKEND_ALIASES, BACKENDS
 
 __all__ = ["AcceleratorConfig", "ContractError", "Criterion", "Priority",
            "parse_accelerator_config"]

@@ -15,9 +15,6 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 
-from vaccel.backends import BACKENDS
-from vaccel.units import format_mib
-
 from brokerd.contract import CheckLine, ClientFacts, Evaluation, Requirement
 from brokerd.contract.accel_config import AcceleratorConfig
 from brokerd.contract.spec import Dependency, RuntimeSpec
@@ -31,6 +28,8 @@ from brokerd.contract.versions import (
     try_capability,
 )
 from brokerd.devices import Device
+from vaccel_common.backends import BACKENDS
+from vaccel_common.units import format_mib
 
 # Names a check line carries; `vaccel check --json` users match on them.
 BACKEND = "Backend"

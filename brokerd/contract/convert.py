@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from vaccel.v1 import broker_pb2
-
 from brokerd.contract import CheckLine, ClientFacts, Requirement
 from brokerd.contract.accel_config import parse_accelerator_config
 from brokerd.contract.spec import parse_runtime_spec
+from vaccel_common.v1 import broker_pb2
 
 
 def facts_from_proto(msg: broker_pb2.ClientFacts | None) -> ClientFacts:

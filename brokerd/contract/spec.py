@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vaccel.units import parse_size_mib
-
 from brokerd.contract.located import (
     ContractError,
     Located,
@@ -36,6 +34,7 @@ from brokerd.contract.versions import (
     parse_driver_version,
     parse_version_range,
 )
+from vaccel_common.units import parse_size_mib
 
 __all__ = ["ContractError", "Dependency", "RuntimeSpec", "parse_min_memory", "parse_runtime_spec"]
 

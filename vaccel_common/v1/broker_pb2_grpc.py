@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from vaccel.v1 import broker_pb2 as vaccel_dot_v1_dot_broker__pb2
+from vaccel_common.v1 import broker_pb2 as vaccel_dot_v1_dot_broker__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

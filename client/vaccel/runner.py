@@ -23,10 +23,11 @@ import time
 from pathlib import Path
 
 import grpc
-from vaccel.backends import DEVICE_ENV_VARS
+
 from vaccel.connection import BrokerConnection, BrokerUnavailable
 from vaccel.leasing import Heartbeat, Lease, LeaseError, consume_acquire, open_acquire
-from vaccel.v1 import broker_pb2 as pb
+from vaccel_common.backends import DEVICE_ENV_VARS
+from vaccel_common.v1 import broker_pb2 as pb
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 _WAITED = {*FORWARDED, signal.SIGCHLD}

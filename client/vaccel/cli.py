@@ -17,10 +17,11 @@ from typing import Any
 
 import grpc
 from google.protobuf.json_format import MessageToDict
+
 from vaccel.connection import BrokerConnection, BrokerUnavailable
 from vaccel.leasing import LeaseError
-from vaccel.units import format_duration, format_mib, parse_duration, parse_size_mib
-from vaccel.v1 import broker_pb2 as pb
+from vaccel_common.units import format_duration, format_mib, parse_duration, parse_size_mib
+from vaccel_common.v1 import broker_pb2 as pb
 
 EXIT_REFUSED = 1
 EXIT_USAGE = 2

@@ -19,7 +19,7 @@ import platform
 from collections.abc import Iterable
 
 from vaccel.accelerator.introspect import inspect_torch_build, with_fake_archs
-from vaccel.v1 import broker_pb2
+from vaccel_common.v1 import broker_pb2
 
 FAKE_ARCHS_ENV = "VACCEL_FAKE_TORCH_ARCHS"
 FAKE_BACKEND_ENV = "VACCEL_FAKE_TORCH_BACKEND"

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
+
 from vaccel.accelerator import memory
 from vaccel.accelerator.amp import AmpPolicy, policy_from
 from vaccel.accelerator.distributed import (
@@ -23,7 +24,7 @@ from vaccel.accelerator.distributed import (
 )
 from vaccel.accelerator.memory import MemoryCap, MemoryStats
 from vaccel.accelerator.placement import DeviceLoader, remake_loader, send_to_device
-from vaccel.backends import backend as backend_entry
+from vaccel_common.backends import backend as backend_entry
 
 log = logging.getLogger("vaccel.accelerator")
 

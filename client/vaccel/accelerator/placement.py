@@ -14,6 +14,7 @@ from torch.utils.data import (
     RandomSampler,
     SequentialSampler,
 )
+
 from vaccel.accelerator.distributed import RankInfo
 
 

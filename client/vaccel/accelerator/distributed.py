@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from vaccel.backends import backend as backend_entry
+from vaccel_common.backends import backend as backend_entry
 
 # torchrun's rendezvous variables: with all of them present, env:// initialisation works.
 _RENDEZVOUS_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")

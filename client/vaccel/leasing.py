@@ -29,10 +29,11 @@ from types import FrameType, TracebackType
 from typing import Any
 
 import grpc
-from vaccel.backends import DEVICE_ENV_VARS, lease_env
+
 from vaccel.connection import BrokerConnection, BrokerUnavailable
-from vaccel.units import parse_duration, parse_size_mib
-from vaccel.v1 import broker_pb2 as pb
+from vaccel_common.backends import DEVICE_ENV_VARS, lease_env
+from vaccel_common.units import parse_duration, parse_size_mib
+from vaccel_common.v1 import broker_pb2 as pb
 
 
 class LeaseError(RuntimeError):

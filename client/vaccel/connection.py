@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from vaccel.paths import client_socket, identity_socket
-from vaccel.v1 import broker_pb2_grpc
 
-TOKEN_METADATA_KEY = "vaccel-token"
+from vaccel_common.auth import TOKEN_METADATA_KEY
+from vaccel_common.paths import client_socket, identity_socket
+from vaccel_common.v1 import broker_pb2_grpc
+
 _RENEW_BEFORE_S = 60.0
 
 

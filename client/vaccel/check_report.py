@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from vaccel.v1 import broker_pb2
+from vaccel_common.v1 import broker_pb2
 
 
 def render_line(line: broker_pb2.CheckLine) -> str:

@@ -1,1 +1,0 @@
-"""Generated gRPC code for vaccel.v1."""
