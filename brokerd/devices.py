@@ -15,12 +15,12 @@ class Device:
 
     index: int
     uuid: str
-    vendor: str  # nvidia | amd | intel | cpu
+    vendor: str  # one of brokerd.vendors.DEVICE_VENDORS
     name: str
     memory_mib: int
     backend: str  # the torch backend that drives it: set by the probe that found it
-    arch: str = ""  # normalised architecture: sm_80, gfx90a, Xe_HPG, cpu
-    compute_capability: str = ""  # the vendor's own spelling: "8.0", gfx90a, Xe_HPG
+    arch: str = ""  # normalised architecture, as the vendor table spells it, or cpu
+    compute_capability: str = ""  # the vendor's own spelling ("8.0" for a dotted numbering)
     pci_bus_id: str = ""
     driver_version: str = ""
     runtime_version: str = ""  # highest device runtime the driver supports, when known

@@ -18,9 +18,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 
-from brokerd.contract import Evaluation, Requirement
-from brokerd.contract.accel_config import AcceleratorConfig
-from brokerd.contract.checks import evaluate_devices
+from brokerd.contract import Evaluation, Requirement, evaluate
 from brokerd.devices import Device
 
 # Locality levels of a multi-device set, best first.
@@ -45,15 +43,15 @@ def select_devices(
     if need <= 0:
         return []
     if evaluation is None:
-        evaluation = evaluate_devices(requirement, free)
+        evaluation = evaluate(requirement, free)
     if evaluation.host_checks and any(ln.level == "ERROR" for ln in evaluation.host_checks):
         return None
     eligible = set(evaluation.eligible)
     candidates = [d for d in free if d.uuid in eligible]
-    config = requirement.config if isinstance(requirement.config, AcceleratorConfig) else None
+    config = requirement.config
 
     def score(d: Device) -> tuple[int, int, float, int]:
-        rank = config.rank(d) if config else 0
+        rank = config.rank(d) if config is not None else 0
         return (rank, d.memory_mib, last_used.get(d.uuid, 0.0), d.index)
 
     by_backend: dict[str, list[Device]] = defaultdict(list)

@@ -8,7 +8,8 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from brokerd.contract import ClientFacts, select
+from brokerd.contract import ClientFacts
+from brokerd.policy import select_devices as select
 from tests.mixed_host import A100, MAX1550, MI250X, MIXED, T4, gpu, requirement
 
 NO_FACTS = ClientFacts()

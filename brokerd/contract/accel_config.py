@@ -1,19 +1,21 @@
 """accelerator-config.yaml: which backend a job wants, how to rank devices, and the
 settings the client's accelerator applies (AMP, the memory pool).
 
-    backend: auto                      # or one backend of the table, or oneapi
+    backend: auto                      # or a backend of the table, or an alias of one
     device_selection_policy:
       - priority: 1
         criteria:
-          - {type: gpu_compute_capability, min: sm_80}
+          - {type: gpu_compute_capability, min: ARCH}
           - {type: driver_version, min: 535.54.03}
       - priority: 2
-        criteria: [{type: gpu_vendor, equals: amd}]
+        criteria: [{type: gpu_vendor, equals: VENDOR}]
     runtime_contract: ./runtime-spec.yaml
-    rocm_config: {memory_pool_size_mb: 16384}
+    MEMORY_POOL_SECTION: {memory_pool_size_mb: 16384}
     amp_config: {dtype: bfloat16, grad_scaler: false}
 
-The schema is in docs/contracts.md. Every error names the file, line and key.
+ARCH, VENDOR and the memory pool section's key come from the vendor table
+(brokerd/vendors.py). The schema, with every name spelled out, is in docs/contracts.md.
+Every error names the file, line and key.
 """
 
 from __future__ import annotations
@@ -44,18 +46,18 @@ from brokerd.contract.versions import (
     try_capability,
 )
 from brokerd.devices import Device
+from brokerd.vendors import DEVICE_VENDORS, EXAMPLE_VENDOR, MEMORY_POOL_SECTION
 from vaccel_common.backends import BACKEND_ALIASES, BACKENDS
 
 __all__ = ["AcceleratorConfig", "ContractError", "Criterion", "Priority",
            "parse_accelerator_config"]
 
-TOP_LEVEL_KEYS = ("backend", "device_selection_policy", "runtime_contract", "rocm_config",
+TOP_LEVEL_KEYS = ("backend", "device_selection_policy", "runtime_contract", MEMORY_POOL_SECTION,
                   "amp_config")
-# Intel's oneAPI is the name users write; the torch backend it means is the table's.
+# Users may write a vendor's name for a backend (an alias); the backend it means is the table's.
 BACKEND_WORDS = ("auto", *BACKENDS, *BACKEND_ALIASES)
 AMP_DTYPES = ("float16", "bfloat16", "none")
 AMP_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16"}
-VENDORS = ("nvidia", "amd", "intel", "cpu")
 # criterion type -> the comparison keys it takes
 CRITERIA: dict[str, tuple[str, ...]] = {
     "gpu_compute_capability": ("min", "max", "equals"),
@@ -181,14 +183,15 @@ def parse_accelerator_config(text: str, name: str = "accelerator-config.yaml") -
     if "runtime_contract" in top:
         values["runtime_contract"] = expect_text(source, top["runtime_contract"],
                                                  "runtime_contract")
-    if "rocm_config" in top:
-        pool = expect_mapping(source, top["rocm_config"], "rocm_config", ("memory_pool_size_mb",))
+    if MEMORY_POOL_SECTION in top:
+        pool = expect_mapping(source, top[MEMORY_POOL_SECTION], MEMORY_POOL_SECTION,
+                              ("memory_pool_size_mb",))
         if "memory_pool_size_mb" in pool:
             node = pool["memory_pool_size_mb"]
-            size = expect_number(source, node, "rocm_config.memory_pool_size_mb")
+            key = f"{MEMORY_POOL_SECTION}.memory_pool_size_mb"
+            size = expect_number(source, node, key)
             if size != int(size):
-                raise source.error(node.line, "rocm_config.memory_pool_size_mb",
-                                   f"expected a whole number of MB, got {node.raw}")
+                raise source.error(node.line, key, f"expected a whole number of MB, got {node.raw}")
             values["memory_pool_size_mb"] = int(size)
     if "amp_config" in top:
         values.update(_amp(source, top["amp_config"]))
@@ -241,7 +244,7 @@ def _policy(source: Source, node: Located) -> tuple[Priority, ...]:
 def _criterion(source: Source, node: Located, where: str) -> Criterion:
     if not node.is_mapping:
         raise source.error(node.line, where, "expected a mapping with 'type' and a comparison "
-                           "(e.g. {type: gpu_vendor, equals: amd})")
+                           f"(e.g. {{type: gpu_vendor, equals: {EXAMPLE_VENDOR}}})")
     if "type" not in node.value:
         raise source.error(node.line, where, f"missing 'type' (one of {', '.join(CRITERIA)})")
     type_node = node.value["type"]
@@ -274,8 +277,8 @@ def _criterion_value(source: Source, kind: str, op: str, node: Located, key: str
         return text
     if kind == "gpu_vendor":
         vendor = expect_text(source, node, key).lower()
-        if vendor not in VENDORS:
-            raise source.unknown_key(node.line, key, vendor, VENDORS, "vendor")
+        if vendor not in DEVICE_VENDORS:
+            raise source.unknown_key(node.line, key, vendor, DEVICE_VENDORS, "vendor")
         return vendor
     if kind == "memory":
         return parse_min_memory(source, node, key)

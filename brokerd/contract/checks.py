@@ -15,8 +15,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 
-from brokerd.contract import CheckLine, ClientFacts, Evaluation, Requirement
 from brokerd.contract.accel_config import AcceleratorConfig
+from brokerd.contract.model import CheckLine, ClientFacts, Evaluation, Requirement
 from brokerd.contract.spec import Dependency, RuntimeSpec
 from brokerd.contract.versions import (
     at_least,
@@ -28,6 +28,7 @@ from brokerd.contract.versions import (
     try_capability,
 )
 from brokerd.devices import Device
+from brokerd.vendors import NAME_PREFIX_WORDS, SERIES_WORDS
 from vaccel_common.backends import BACKENDS
 from vaccel_common.units import format_mib
 
@@ -43,26 +44,26 @@ RUNTIME = "Runtime version"
 DISTRIBUTED = "torch.distributed"
 TORCH_NAMES = ("pytorch", "torch")
 
-_VENDOR_PREFIXES = {"nvidia", "amd", "intel", "intel(r)", "tesla", "instinct", "geforce",
-                    "data", "center", "gpu", "radeon"}
-_JOINED_FIRST_WORDS = {"rtx", "gtx", "max", "flex", "arc", "pro", "quadro", "rx"}
 
 
 def short_name(device: Device) -> str:
-    """"NVIDIA A100-SXM4-80GB" -> "A100", "AMD Instinct MI250X" -> "MI250X"."""
-    words = [w for w in device.name.split() if w.lower() not in _VENDOR_PREFIXES]
+    """The model in a device's marketing name, for messages: the vendor table's prefix
+    words dropped, a series word kept with the model it precedes ("Max 1550"), and a
+    board suffix cut off ("A100-SXM4-80GB" -> "A100")."""
+    words = [w for w in device.name.split() if w.lower() not in NAME_PREFIX_WORDS]
     if not words:
         return device.name or device.uuid
-    if words[0].lower() in _JOINED_FIRST_WORDS and len(words) > 1:
+    if words[0].lower() in SERIES_WORDS and len(words) > 1:
         return f"{words[0]} {words[1]}"
     return re.split(r"-(?=[A-Z0-9]{3,})", words[0])[0]
 
 
-def evaluate_devices(requirement: Requirement, devices: Sequence[Device]) -> Evaluation:
-    """Run every check for every device in `devices` and for the client's environment."""
-    spec = requirement.spec if isinstance(requirement.spec, RuntimeSpec) else RuntimeSpec()
-    config = (requirement.config if isinstance(requirement.config, AcceleratorConfig)
-              else AcceleratorConfig())
+def evaluate(requirement: Requirement, devices: Sequence[Device]) -> Evaluation:
+    """Check `requirement` against every device in `devices` (healthy or not: health is
+    the lease manager's business, so a sick device still counts as 'could satisfy later')
+    and against the client's environment."""
+    spec = requirement.spec if requirement.spec is not None else RuntimeSpec()
+    config = requirement.config if requirement.config is not None else AcceleratorConfig()
     min_memory = max(requirement.min_memory_mib, spec.min_memory_mib)
     host = tuple(host_checks(spec, config, requirement.facts))
     per_device = {

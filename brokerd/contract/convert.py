@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from brokerd.contract import CheckLine, ClientFacts, Requirement
 from brokerd.contract.accel_config import parse_accelerator_config
+from brokerd.contract.model import CheckLine, ClientFacts, Requirement
 from brokerd.contract.spec import parse_runtime_spec
 from vaccel_common.v1 import broker_pb2
 

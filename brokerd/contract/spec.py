@@ -1,7 +1,7 @@
 """runtime-spec.yaml: what a job needs from a device and from its Python environment.
 
     required_features:
-      - gpu_compute_capability: sm_80      # or gfx90a, Xe_HPG, or a list, one per vendor
+      - gpu_compute_capability: ARCH       # or a list, one per vendor
       - memory_bandwidth_gbps: 2000
       - driver_version_min: 535.54.03
       - min_memory: 20GiB
@@ -9,7 +9,8 @@
       - name: pytorch
         version_range: "2.1.0,2.2.0"       # >=2.1.0,<2.2.0
 
-The full schema is in docs/contracts.md. Every error names the file, line and key.
+ARCH is an architecture as the vendor table (brokerd/vendors.py) spells it. The full
+schema is in docs/contracts.md. Every error names the file, line and key.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from brokerd.contract.versions import (
     parse_driver_version,
     parse_version_range,
 )
+from brokerd.vendors import GPU_VENDORS, VENDOR_TITLES
 from vaccel_common.units import parse_size_mib
 
 __all__ = ["ContractError", "Dependency", "RuntimeSpec", "parse_min_memory", "parse_runtime_spec"]
@@ -44,8 +46,6 @@ FEATURE_KEYS = (
     "distributed",
 )
 DEPENDENCY_KEYS = ("name", "version_range")
-GPU_VENDORS = ("nvidia", "amd", "intel")
-VENDOR_WORDS = {"nvidia": "NVIDIA", "amd": "AMD", "intel": "Intel"}
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,7 @@ def _capabilities(
         cap = _capability(source, item, key)
         clash = next((c for c in (*earlier, *found) if c.vendor == cap.vendor), None)
         if clash:
-            raise source.error(item.line, key, f"two minimums for {VENDOR_WORDS[cap.vendor]} "
+            raise source.error(item.line, key, f"two minimums for {VENDOR_TITLES[cap.vendor]} "
                                f"({clash.canonical} and {cap.canonical}); give one per vendor")
         found.append(cap)
     return found

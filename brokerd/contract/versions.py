@@ -3,9 +3,9 @@
 Three different orders, kept apart on purpose:
 - package versions (torch, torchvision) follow PEP 440 via `packaging`;
 - driver versions ("535.54.03", "6.7.0") compare numerically component by component;
-- architectures compare only within one family: NVIDIA sm_XY by (major, minor), AMD
-  gfx targets within one major family (gfx908 < gfx90a < gfx942, but gfx1100 is not
-  "more" than gfx90a), Intel Xe names by a small ordered table.
+- architectures compare only within one family, in the numbering scheme the vendor table
+  (brokerd/vendors.py) gives each vendor: numbered ones by (major, minor), stepped ones
+  within one major only, named ones by their place in an ordered list.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
+
+from brokerd.vendors import VENDORS, NumberedArchs, OrderedArchs, SteppedArchs, Vendor
 
 # --- package versions --------------------------------------------------------------------
 
@@ -133,84 +135,84 @@ def compare_driver_versions(a: str, b: str) -> int:
 
 # --- architectures -----------------------------------------------------------------------
 
-# Intel architectures in capability order; a later entry satisfies a minimum of an earlier one.
-XE_ORDER: tuple[str, ...] = ("Xe_LP", "Xe_LPG", "Xe_HPG", "Xe_HPC", "Xe2_LPG", "Xe2_HPG", "Xe3_LPG")
-_XE_BY_LOWER = {name.lower(): name for name in XE_ORDER}
-# torch's ahead-of-time target names for Intel GPUs (its arch list), by prefix.
-_INTEL_TARGETS: tuple[tuple[str, str], ...] = (
-    ("pvc", "Xe_HPC"), ("bmg", "Xe2_HPG"), ("dg2", "Xe_HPG"), ("acm", "Xe_HPG"),
-    ("ats-m", "Xe_HPG"), ("lnl", "Xe2_LPG"), ("mtl", "Xe_LPG"), ("arl", "Xe_LPG"),
-    ("ptl", "Xe3_LPG"), ("tgl", "Xe_LP"), ("dg1", "Xe_LP"),
-)
-# AMD's generic targets and the concrete targets their code objects run on.
-_AMD_GENERIC: dict[str, frozenset[str]] = {
-    "gfx9-generic": frozenset({"gfx900", "gfx902", "gfx904", "gfx906", "gfx909", "gfx90c"}),
-    "gfx9-4-generic": frozenset({"gfx940", "gfx941", "gfx942", "gfx950"}),
-    "gfx10-1-generic": frozenset({"gfx1010", "gfx1011", "gfx1012", "gfx1013"}),
-    "gfx10-3-generic": frozenset({f"gfx103{i}" for i in range(7)}),
-    "gfx11-generic": frozenset({"gfx1100", "gfx1101", "gfx1102", "gfx1103", "gfx1150",
-                                "gfx1151", "gfx1152", "gfx1153"}),
-    "gfx12-generic": frozenset({"gfx1200", "gfx1201"}),
-}
-FAMILY_VENDOR = {"sm": "nvidia", "xe": "intel"}  # gfxN families are all "amd"
-
-_SM = re.compile(r"^(?:sm|compute)_?(\d+)([af]?)$", re.IGNORECASE)
 _DOTTED = re.compile(r"^(\d+)\.(\d+)$")
-_GFX = re.compile(r"^gfx(\d+)([0-9a-f])([0-9a-f])$", re.IGNORECASE)
-
-# A few well-known devices per architecture, for suggestions ("run on a host with A100/H100").
-EXAMPLE_DEVICES: dict[str, str] = {
-    "sm_60": "P100", "sm_70": "V100", "sm_75": "T4", "sm_80": "A100", "sm_90": "H100",
-    "sm_100": "B200",
-    "gfx906": "MI50", "gfx908": "MI100", "gfx90a": "MI250X", "gfx942": "MI300X",
-    "gfx950": "MI355X", "gfx1100": "RX 7900 XTX",
-    "Xe_HPG": "Flex 170", "Xe_HPC": "Max 1550", "Xe2_HPG": "Arc B580",
+_BY_NAME: dict[str, Vendor] = {v.name: v for v in VENDORS}
+# Generic targets of every stepped scheme: names a build may carry that are no architecture.
+_GENERIC_TARGETS: dict[str, frozenset[str]] = {
+    name: targets for v in VENDORS if isinstance(v.archs, SteppedArchs)
+    for name, targets in v.archs.generic_targets.items()
 }
+# A few well-known devices per architecture, for suggestions ("run on a host with A100/H100").
+_EXAMPLE_DEVICES: dict[str, str] = {arch: name for v in VENDORS for arch, name in v.example_devices.items()}
 
 
 @dataclass(frozen=True, order=False)
 class Capability:
     """A parsed architecture. Two capabilities are comparable only in the same family."""
 
-    family: str  # "sm", "gfx9", "gfx11", ..., "xe"
+    family: str  # one numbering: a numbered prefix, a stepped prefix with its major, a vendor
     key: tuple[int, ...]
-    canonical: str  # sm_80, gfx90a, Xe_HPG
-    variant: str = ""  # "a"/"f" for NVIDIA's architecture-specific targets (sm_90a)
-
-    @property
-    def vendor(self) -> str:
-        return FAMILY_VENDOR.get(self.family, "amd")
+    canonical: str  # the name as the vendor writes it
+    variant: str = ""  # the letter of an architecture-specific target ("" for portable code)
+    vendor: str = ""  # the vendor table's name of the vendor
 
 
 def parse_capability(text: str) -> Capability:
-    """Parse sm_80 / "8.0" / compute_90 (NVIDIA), gfx90a[:xnack-] (AMD), Xe_HPG or a torch
-    Intel target name such as pvc (Intel). Raises ValueError with the accepted forms."""
+    """Parse an architecture in any spelling the vendor table accepts (a numbered name, its
+    dotted "major.minor" form or its virtual architecture; a stepped target with target
+    features; an ordered name or a torch target name). Raises ValueError with the
+    accepted forms."""
     raw = str(text).strip()
-    dotted = _DOTTED.match(raw)
+    for vendor in VENDORS:
+        cap = _parse_with(vendor, text, raw)
+        if cap is not None:
+            return cap
+    hints = ", ".join(f"{v.arch_hint} for {v.title}" for v in VENDORS)
+    raise ValueError(f"not an architecture: {text!r} (expected {hints})")
+
+
+def _parse_with(vendor: Vendor, text: str, raw: str) -> Capability | None:
+    scheme = vendor.archs
+    if isinstance(scheme, NumberedArchs):
+        return _numbered(vendor.name, scheme, text, raw)
+    if isinstance(scheme, SteppedArchs):
+        return _stepped(vendor.name, scheme, raw)
+    return _named(vendor.name, scheme, raw)
+
+
+def _numbered(vendor: str, scheme: NumberedArchs, text: str, raw: str) -> Capability | None:
+    dotted = _DOTTED.match(raw) if scheme.dotted else None
     if dotted:
-        raw = f"sm_{dotted.group(1)}{dotted.group(2)}"
-    sm = _SM.match(raw)
-    if sm:
-        digits, variant = sm.group(1), sm.group(2).lower()
-        if len(digits) < 2:
-            raise ValueError(f"not an architecture: {text!r} (expected e.g. sm_80)")
-        major, minor = int(digits[:-1]), int(digits[-1])
-        return Capability("sm", (major, minor), f"sm_{major}{minor}{variant}", variant)
-    gfx = _GFX.match(raw.split(":", 1)[0])
-    if gfx:
-        major = int(gfx.group(1))
-        key = (major, int(gfx.group(2), 16), int(gfx.group(3), 16))
-        return Capability(f"gfx{major}", key, raw.split(":", 1)[0].lower())
-    xe = _XE_BY_LOWER.get(raw.lower()) or _intel_target(raw)
-    if xe:
-        return Capability("xe", (XE_ORDER.index(xe),), xe)
-    raise ValueError(f"not an architecture: {text!r} (expected sm_80 or 8.0 for NVIDIA, "
-                     f"gfx90a for AMD, one of {', '.join(XE_ORDER)} for Intel)")
+        raw = f"{scheme.prefix}_{dotted.group(1)}{dotted.group(2)}"
+    prefixes = "|".join(re.escape(p) for p in (scheme.prefix, *scheme.other_prefixes))
+    match = re.match(rf"^(?:{prefixes})_?(\d+)([{scheme.variants}]?)$", raw, re.IGNORECASE)
+    if not match:
+        return None
+    digits, variant = match.group(1), match.group(2).lower()
+    if len(digits) < 2:
+        raise ValueError(f"not an architecture: {text!r} (expected e.g. {scheme.prefix}_80)")
+    major, minor = int(digits[:-1]), int(digits[-1])
+    return Capability(scheme.prefix, (major, minor), f"{scheme.prefix}_{major}{minor}{variant}",
+                      variant, vendor)
 
 
-def _intel_target(name: str) -> str | None:
-    lowered = name.lower()
-    return next((xe for prefix, xe in _INTEL_TARGETS if lowered.startswith(prefix)), None)
+def _stepped(vendor: str, scheme: SteppedArchs, raw: str) -> Capability | None:
+    target = raw.split(":", 1)[0]  # target features (":xnack-") leave the architecture alone
+    match = re.match(rf"^{re.escape(scheme.prefix)}(\d+)([0-9a-f])([0-9a-f])$", target, re.IGNORECASE)
+    if not match:
+        return None
+    major = int(match.group(1))
+    key = (major, int(match.group(2), 16), int(match.group(3), 16))
+    return Capability(f"{scheme.prefix}{major}", key, target.lower(), vendor=vendor)
+
+
+def _named(vendor: str, scheme: OrderedArchs, raw: str) -> Capability | None:
+    lowered = raw.lower()
+    name = next((n for n in scheme.names if n.lower() == lowered), None) or next(
+        (n for prefix, n in scheme.aliases if lowered.startswith(prefix)), None)
+    if name is None:
+        return None
+    return Capability(vendor, (scheme.names.index(name),), name, vendor=vendor)
 
 
 def try_capability(text: str) -> Capability | None:
@@ -245,7 +247,7 @@ def same_capability(device: Capability, other: Capability) -> bool:
 def examples_meeting(minimum: Capability, limit: int = 2) -> list[str]:
     """Well-known devices that meet `minimum`, oldest first, for suggestions."""
     found = []
-    for arch, name in EXAMPLE_DEVICES.items():
+    for arch, name in _EXAMPLE_DEVICES.items():
         cap = parse_capability(arch)
         if at_least(cap, minimum):
             found.append((cap.key, name))
@@ -268,33 +270,36 @@ def kernel_support(device_arch: str, kernel_archs: list[str] | tuple[str, ...],
                    ptx_archs: list[str] | tuple[str, ...]) -> KernelSupport:
     """Whether compiled kernels (or PTX to JIT from) exist for `device_arch`.
 
-    NVIDIA machine code runs on later minors of the same major (sm_80 code on sm_86),
-    except architecture-specific targets (sm_90a); PTX runs on any later architecture
-    after a JIT compile. AMD code objects need the exact target or a generic target that
-    covers it. Intel targets match by architecture.
+    The device's numbering scheme decides: numbered machine code runs on later minors of
+    the same major, except architecture-specific (variant) targets, and PTX runs on any
+    later architecture after a JIT compile; stepped code objects need the exact target
+    or a generic target that covers it; named targets match by architecture.
     """
     device = try_capability(device_arch)
     if device is None:
         return KernelSupport("unknown")
     kernels = [k for k in (try_capability(a) for a in kernel_archs) if k is not None]
     # A name we cannot read might be the one that fits: say "unknown", never "none".
-    unreadable = any(try_capability(a) is None and a.lower() not in _AMD_GENERIC
+    unreadable = any(try_capability(a) is None and a.lower() not in _GENERIC_TARGETS
                      for a in kernel_archs)
     for k in kernels:
         if k.family == device.family and k.key == device.key:
             return KernelSupport("exact", k.canonical)
-    if device.family == "sm":
-        same_major = [k for k in kernels if k.family == "sm" and not k.variant
+    scheme = _BY_NAME[device.vendor].archs
+    if isinstance(scheme, NumberedArchs):
+        same_major = [k for k in kernels if k.family == device.family and not k.variant
                       and k.key[0] == device.key[0] and k.key < device.key]
         if same_major:
             return KernelSupport("compatible", max(same_major, key=lambda c: c.key).canonical)
         ptx = [p for p in (try_capability(a) for a in ptx_archs)
-               if p is not None and p.family == "sm" and not p.variant and p.key <= device.key]
+               if p is not None and p.family == device.family and not p.variant
+               and p.key <= device.key]
         if ptx:
             best = max(ptx, key=lambda c: c.key)
-            return KernelSupport("ptx", f"compute_{best.key[0]}{best.key[1]}")
-    if device.family.startswith("gfx"):
-        generic = [a for a in kernel_archs if device.canonical in _AMD_GENERIC.get(a.lower(), ())]
+            return KernelSupport("ptx", f"{scheme.virtual_prefix}{best.key[0]}{best.key[1]}")
+    if isinstance(scheme, SteppedArchs):
+        generic = [a for a in kernel_archs
+                   if device.canonical in scheme.generic_targets.get(a.lower(), ())]
         if generic:
             return KernelSupport("compatible", generic[0])
     return KernelSupport("unknown" if unreadable else "none")
@@ -302,7 +307,7 @@ def kernel_support(device_arch: str, kernel_archs: list[str] | tuple[str, ...],
 
 def describe_arch_list(kernel_archs: list[str] | tuple[str, ...],
                        ptx_archs: list[str] | tuple[str, ...]) -> str:
-    """"sm_50..sm_86 and PTX compute_86" — a short form of a torch build's arch list."""
+    """A short form of a torch build's arch list: "<first>..<last> and PTX <virtual>"."""
     kernels = list(kernel_archs)
     if len(kernels) > 2:
         text = f"{kernels[0]}..{kernels[-1]}"

@@ -1,10 +1,12 @@
 """`vaccel check` output: the daemon's CheckReply as one line per check.
 
-    [CHECK] PyTorch version: 2.1.0+cu121 (matches 2.1.0,2.2.0) - OK
-    GPU 0  NVIDIA A100-SXM4-80GB  eligible
-    [CHECK] GPU compute capability: sm_80 (A100) - OK
-    GPU 2  AMD Instinct MI250X  not eligible
-    [ERROR] GPU compute capability: required sm_80, found gfx90a (MI250X) — suggestion: ...
+    [CHECK] PyTorch version: 2.1.0 (matches 2.1.0,2.2.0) - OK
+    GPU 0  <device name>  eligible
+    [CHECK] GPU compute capability: <arch> - OK
+    GPU 2  <device name>  not eligible
+    [ERROR] GPU compute capability: required <arch>, found <other arch> — suggestion: ...
+
+(docs/contracts.md shows real output; the lines come from the daemon as they are.)
 """
 
 from __future__ import annotations

@@ -5,9 +5,10 @@ and the versions of the packages the contract names.
 
 Gathering never initialises a device runtime, and imports torch only when installed.
 
-Test hook: `VACCEL_FAKE_TORCH_ARCHS=sm_50,sm_80,compute_80` replaces the architecture
-list of the installed build (the backend follows the names: sm_/compute_, gfx, else
-Intel; `VACCEL_FAKE_TORCH_BACKEND` sets it explicitly). It exists so the kernel-image
+Test hook: `VACCEL_FAKE_TORCH_ARCHS` (a comma-separated list of the arch names torch
+reports) replaces the architecture list of the installed build (the backend follows the
+names, as vaccel.accelerator.introspect reads them; `VACCEL_FAKE_TORCH_BACKEND` sets it
+explicitly). It exists so the kernel-image
 checks can be tested on a machine without the matching GPU build of torch.
 """
 
