@@ -23,23 +23,13 @@ import secrets
 import socket
 import struct
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
+from brokerd.process import Identity
 from brokerd.procinfo import process_info
 
 _KEY_FILE = "token.key"
 _MAX_TOKEN_LEN = 1024
-
-
-@dataclass(frozen=True)
-class Identity:
-    """Who is calling, as the kernel said at connect time."""
-
-    uid: int
-    gid: int
-    pid: int
-    start_time: int  # /proc/<pid>/stat field 22: tells a pid apart from its reuse
 
 
 class TokenError(Exception):

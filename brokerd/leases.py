@@ -3,7 +3,8 @@
 Plain, synchronous Python with no gRPC, no I/O and an injectable clock, so that every
 interleaving can be tested (tests/test_lease_properties.py drives it with a hypothesis
 state machine). The async layer (brokerd/service.py) persists what this returns before
-anyone hears of it.
+anyone hears of it. Who may ask for what is not decided here: the service checks that
+first, in brokerd/permissions.py.
 
 Invariants (checked by `check_invariants`):
 - a device is owned by at most one active lease, and every active lease owns its devices;
@@ -18,8 +19,11 @@ import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from brokerd.contract import CheckLine, Evaluation, Requirement, evaluate, select
+from brokerd.contract import CheckLine, Evaluation, Requirement, evaluate
 from brokerd.devices import Device
+from brokerd.errors import Busy, Ended, LeaseError, NotFound, Unsatisfiable
+from brokerd.policy import select_devices
+from brokerd.process import Holder, ProcessId
 from vaccel_common.units import format_duration
 
 ACTIVE = "active"
@@ -31,63 +35,6 @@ LOST = "lost"  # its device vanished or turned unhealthy
 ENDED_STATES = (RELEASED, EXPIRED, REVOKED, HOLDER_EXITED, LOST)
 _HISTORY = 1000
 _EVALUATION_CACHE = 256
-
-
-class LeaseError(Exception):
-    """A request the manager refuses; `kind` maps to a gRPC status in the servicer."""
-
-    kind = "failed_precondition"
-
-
-class NotFound(LeaseError):
-    kind = "not_found"
-
-
-class PermissionDenied(LeaseError):
-    kind = "permission_denied"
-
-
-class Unsatisfiable(LeaseError):
-    """No set of devices on this host could ever satisfy the request."""
-
-    kind = "failed_precondition"
-
-    def __init__(self, message: str, evaluation: Evaluation | None = None) -> None:
-        super().__init__(message)
-        self.evaluation = evaluation
-
-
-class Busy(LeaseError):
-    """Satisfiable, but not now, and the caller would not wait."""
-
-    kind = "resource_exhausted"
-
-
-class Ended(LeaseError):
-    """The lease exists but is over; the message says how it ended."""
-
-    kind = "failed_precondition"
-
-
-@dataclass(frozen=True)
-class Holder:
-    """A process as the kernel identified it, plus what to show about it."""
-
-    uid: int
-    gid: int
-    pid: int
-    start_time: int
-    user: str = ""
-    command: str = ""
-
-
-@dataclass(frozen=True)
-class Caller:
-    uid: int
-    gid: int
-    pid: int
-    start_time: int
-    is_admin: bool = False
 
 
 @dataclass(frozen=True)
@@ -114,7 +61,7 @@ class Lease:
     end_reason: str = ""
     ended_at: float = 0.0
     last_heartbeat: float = 0.0
-    members: set[tuple[int, int]] = field(default_factory=set)  # (pid, start_time) of joiners
+    members: set[ProcessId] = field(default_factory=set)  # processes that joined it
 
     @property
     def active(self) -> bool:
@@ -295,7 +242,7 @@ class LeaseManager:
         free = [d for d in self._free() if d.uuid in eligible and d.uuid not in reserved]
         if len(free) < request.requirement.gpus:
             return None
-        chosen = select(request.requirement, free, self.last_used, request.evaluation)
+        chosen = select_devices(request.requirement, free, self.last_used, request.evaluation)
         if not chosen:
             return None
         # One lease drives one backend: the policy never mixes vendors in one grant.
@@ -340,41 +287,33 @@ class LeaseManager:
             raise NotFound(f"no lease {lease_id!r} on this broker (see `vaccel leases`)")
         return lease
 
-    def _active(self, lease_id: str) -> Lease:
+    def active(self, lease_id: str) -> Lease:
+        """The lease if it is still running; NotFound or Ended (saying how) otherwise."""
         lease = self.get(lease_id)
         if not lease.active:
             raise Ended(f"lease {lease_id} has ended: {lease.state} ({lease.end_reason})")
         return lease
 
-    def heartbeat(self, lease_id: str, caller: Caller) -> Lease:
-        lease = self._active(lease_id)
-        if caller.uid != lease.holder.uid:
-            raise PermissionDenied(f"lease {lease_id} belongs to {lease.holder.user or lease.holder.uid}")
+    def heartbeat(self, lease_id: str) -> Lease:
+        """The holder is still at work: the TTL counts from now."""
+        lease = self.active(lease_id)
         lease.last_heartbeat = self._clock()
         return lease
 
-    def join(self, lease_id: str, caller: Caller) -> Lease:
-        """A process started inside the lease (same user) becomes a member of it."""
-        lease = self._active(lease_id)
-        if caller.uid != lease.holder.uid:
-            raise PermissionDenied(
-                f"lease {lease_id} belongs to {lease.holder.user or lease.holder.uid}; "
-                "only its holder's processes may join it"
-            )
-        if (caller.pid, caller.start_time) != (lease.holder.pid, lease.holder.start_time):
-            lease.members.add((caller.pid, caller.start_time))
+    def join(self, lease_id: str, process: ProcessId) -> Lease:
+        """A process started inside the lease becomes a member of it."""
+        lease = self.active(lease_id)
+        if process != lease.holder.process:
+            lease.members.add(process)
         return lease
 
-    def release(self, lease_id: str, caller: Caller, reason: str = "") -> Lease:
-        lease = self._active(lease_id)
-        if caller.uid != lease.holder.uid and not caller.is_admin:
-            raise PermissionDenied(
-                f"lease {lease_id} belongs to {lease.holder.user or lease.holder.uid}; only they, "
-                "root or the admin group may release it"
-            )
-        if caller.uid == lease.holder.uid:
+    def release(self, lease_id: str, by_uid: int, reason: str = "") -> Lease:
+        """End a lease on request: released when its holder's user asks, revoked when
+        someone else does (permissions let only an admin get this far)."""
+        lease = self.active(lease_id)
+        if by_uid == lease.holder.uid:
             return self._end(lease, RELEASED, reason or "released by its holder")
-        return self._end(lease, REVOKED, reason or f"revoked by admin uid {caller.uid}")
+        return self._end(lease, REVOKED, reason or f"revoked by admin uid {by_uid}")
 
     def expire(self) -> list[Lease]:
         """End leases whose heartbeats stopped or whose maximum duration is reached."""
@@ -396,23 +335,27 @@ class LeaseManager:
         times += [lease.expires_at for lease in self.leases.values() if lease.expires_at]
         return min(times) if times else None
 
-    def process_exited(self, pid: int, start_time: int) -> tuple[list[Lease], list[Request]]:
+    def process_exited(self, process: ProcessId) -> tuple[list[Lease], list[Request]]:
         """The kernel says this process is gone: end its leases, drop its queued requests,
         forget it as a member."""
-        key = (pid, start_time)
         ended = [
-            self._end(lease, HOLDER_EXITED, f"holder pid {pid} exited")
+            self._end(lease, HOLDER_EXITED, f"holder pid {process.pid} exited")
             for lease in list(self.leases.values())
-            if (lease.holder.pid, lease.holder.start_time) == key
+            if lease.holder.process == process
         ]
         for lease in self.leases.values():
-            lease.members.discard(key)
-        dropped = [r for r in self.queue if (r.holder.pid, r.holder.start_time) == key]
+            lease.members.discard(process)
+        dropped = [r for r in self.queue if r.holder.process == process]
         self.queue = [r for r in self.queue if r not in dropped]
         return ended, dropped
 
+    def involves(self, process: ProcessId) -> bool:
+        """Whether the process holds, has joined or waits for anything."""
+        return (any(lease.holder.process == process or process in lease.members for lease in self.leases.values())
+                or any(r.holder.process == process for r in self.queue))
+
     def end(self, lease_id: str, state: str, reason: str) -> Lease:
-        return self._end(self._active(lease_id), state, reason)
+        return self._end(self.active(lease_id), state, reason)
 
     def _end(self, lease: Lease, state: str, reason: str) -> Lease:
         assert state in ENDED_STATES

@@ -12,49 +12,49 @@ import logging
 import os
 from collections.abc import Callable
 
+from brokerd.process import ProcessId
 from brokerd.procinfo import start_time as process_start_time
 
 log = logging.getLogger("vaccel.brokerd")
 
 
 class ProcessWatcher:
-    """Calls `on_exit(pid, start_time)` once when a watched process exits."""
+    """Calls `on_exit(process)` once when a watched process exits."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, on_exit: Callable[[int, int], None]) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_exit: Callable[[ProcessId], None]) -> None:
         self._loop = loop
         self._on_exit = on_exit
-        self._fds: dict[tuple[int, int], int] = {}
+        self._fds: dict[ProcessId, int] = {}
 
-    def watch(self, pid: int, start_time: int) -> bool:
+    def watch(self, process: ProcessId) -> bool:
         """Start watching; False when the process is already gone (or the pid was reused)."""
-        key = (pid, start_time)
-        if key in self._fds:
+        if process in self._fds:
             return True
         try:
-            fd = os.pidfd_open(pid)
+            fd = os.pidfd_open(process.pid)
         except ProcessLookupError:
             return False
         # Opened after the pid may have been recycled: make sure it is the same process.
-        if process_start_time(pid) != start_time:
+        if process_start_time(process.pid) != process.start_time:
             os.close(fd)
             return False
-        self._fds[key] = fd
-        self._loop.add_reader(fd, self._exited, key)
+        self._fds[process] = fd
+        self._loop.add_reader(fd, self._exited, process)
         return True
 
-    def unwatch(self, pid: int, start_time: int) -> None:
-        fd = self._fds.pop((pid, start_time), None)
+    def unwatch(self, process: ProcessId) -> None:
+        fd = self._fds.pop(process, None)
         if fd is not None:
             self._loop.remove_reader(fd)
             os.close(fd)
 
-    def _exited(self, key: tuple[int, int]) -> None:
-        self.unwatch(*key)
+    def _exited(self, process: ProcessId) -> None:
+        self.unwatch(process)
         try:
-            self._on_exit(*key)
+            self._on_exit(process)
         except Exception:  # a bug in a callback must not take the loop's reader down with it
-            log.exception("process-exit handler failed for pid %s", key[0])
+            log.exception("process-exit handler failed for pid %s", process.pid)
 
     def close(self) -> None:
-        for key in list(self._fds):
-            self.unwatch(*key)
+        for process in list(self._fds):
+            self.unwatch(process)

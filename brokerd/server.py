@@ -182,9 +182,7 @@ class Daemon:
                 log_event("reload", f"{', '.join(immovable)} change only on restart; other settings applied",
                           level=logging.WARNING)
             self.config = new
-            service.config = new
-            service.manager.ttl_s = new.heartbeat_ttl_s
-            service.manager.max_duration_s = new.max_lease_duration_s
+            service.reconfigure(new)
             setup_logging(new.log_level)
             log_event("reload", f"configuration reloaded from {new.source}")
         self.notifier.ready()

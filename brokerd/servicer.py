@@ -1,5 +1,6 @@
 """gRPC servicer: checks the caller's token, validates the message, calls BrokerService,
-and maps domain errors to precise status codes. No broker logic lives here.
+turns its plain results into messages and domain errors into precise status codes. No
+broker logic and no permission lives here: both are the service's (brokerd/permissions.py).
 """
 
 from __future__ import annotations
@@ -12,13 +13,17 @@ from collections.abc import AsyncIterator
 import grpc
 
 from brokerd import __version__
-from brokerd.contract import Requirement, evaluate
+from brokerd.contract import Requirement
 from brokerd.contract.convert import check_line_to_proto, requirement_from_request
 from brokerd.contract.spec import ContractError
 from brokerd.devices import Device
-from brokerd.identity import Identity, TokenAuthority, TokenError
-from brokerd.leases import Lease, LeaseError
-from brokerd.service import BrokerService, QueuedUpdate
+from brokerd.errors import LeaseError
+from brokerd.identity import TokenAuthority, TokenError
+from brokerd.leases import Lease
+from brokerd.process import Holder, Identity
+from brokerd.service import BrokerService
+from brokerd.views import DeviceView
+from brokerd.waiting import QueuedUpdate
 from vaccel_common.auth import TOKEN_METADATA_KEY
 from vaccel_common.v1 import broker_pb2 as pb
 from vaccel_common.v1 import broker_pb2_grpc
@@ -40,8 +45,7 @@ _CODES = {
 }
 
 
-def _holder_pb(lease: Lease) -> pb.Holder:
-    h = lease.holder
+def _holder_pb(h: Holder) -> pb.Holder:
     return pb.Holder(user=h.user, uid=h.uid, pid=h.pid, command=h.command)
 
 
@@ -58,9 +62,13 @@ def device_pb(device: Device, state: str = "", lease: Lease | None = None, drain
     )
     if lease is not None:
         msg.lease_id = lease.id
-        msg.holder.CopyFrom(_holder_pb(lease))
+        msg.holder.CopyFrom(_holder_pb(lease.holder))
         msg.since = lease.granted_at
     return msg
+
+
+def view_pb(view: DeviceView, *, with_drain_reason: bool = False) -> pb.Device:
+    return device_pb(view.device, view.state, view.lease, view.drain_reason if with_drain_reason else "")
 
 
 class BrokerServicer(broker_pb2_grpc.BrokerServicer):
@@ -86,18 +94,18 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         raise exc
 
     def lease_pb(self, lease: Lease) -> pb.Lease:
-        devices = self.service.manager.devices
+        ttl_s = self.service.ttl_s
         msg = pb.Lease(
             id=lease.id, backend=lease.backend, granted_at=lease.granted_at,
-            expires_at=lease.expires_at, heartbeat_interval_s=heartbeat_interval(self.service.manager.ttl_s),
-            ttl_s=self.service.manager.ttl_s, state=lease.state, end_reason=lease.end_reason,
+            expires_at=lease.expires_at, heartbeat_interval_s=heartbeat_interval(ttl_s),
+            ttl_s=ttl_s, state=lease.state, end_reason=lease.end_reason,
             allocator_config=lease.terms.allocator_config, memory_cap_mib=lease.terms.memory_cap_mib,
-            member_pids=sorted(p for p, _ in lease.members), simulated=lease.simulated,
+            member_pids=sorted(member.pid for member in lease.members), simulated=lease.simulated,
             accelerator_config_yaml=lease.terms.accelerator_config_yaml, ended_at=lease.ended_at,
         )
-        msg.holder.CopyFrom(_holder_pb(lease))
+        msg.holder.CopyFrom(_holder_pb(lease.holder))
         for uuid in lease.devices:
-            device = devices.get(uuid)
+            device = self.service.device(uuid)
             if device is not None:
                 msg.devices.append(device_pb(device, "leased" if lease.active else "", lease))
             else:
@@ -134,12 +142,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         try:
             async for update in updates:
                 if isinstance(update, QueuedUpdate):
-                    queued = pb.Queued(position=update.position, total=update.total, message=update.message)
-                    for uuid in update.held:
-                        device = self.service.manager.devices.get(uuid)
-                        if device is not None:
-                            state, lease = self.service.device_view(device)
-                            queued.held.append(device_pb(device, state, lease))
+                    queued = pb.Queued(position=update.position, total=update.total, message=update.message,
+                                       held=[view_pb(view) for view in update.held])
                     yield pb.AcquireUpdate(queued=queued)
                 else:
                     yield pb.AcquireUpdate(granted=self.lease_pb(update))
@@ -154,7 +158,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             lease = await self.service.heartbeat(identity, request.lease_id)
         except LeaseError as exc:
             await self._fail(context, exc)
-        return pb.HeartbeatReply(ttl_s=self.service.manager.ttl_s, expires_at=lease.expires_at)
+        return pb.HeartbeatReply(ttl_s=self.service.ttl_s, expires_at=lease.expires_at)
 
     async def Release(self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext) -> pb.Lease:
         identity = await self._identity(context)
@@ -175,54 +179,41 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     async def GetLease(self, request: pb.LeaseRef, context: grpc.aio.ServicerContext) -> pb.Lease:
         identity = await self._identity(context)
         try:
-            lease = self.service.manager.get(request.lease_id)
+            lease = self.service.get(identity, request.lease_id)
         except LeaseError as exc:
             await self._fail(context, exc)
-        if lease.holder.uid != identity.uid and not self.service.is_admin(identity):
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                                f"lease {lease.id} belongs to {lease.holder.user}")
         return self.lease_pb(lease)
 
     async def ListLeases(
         self, request: pb.ListLeasesRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListLeasesReply:
         identity = await self._identity(context)
-        if request.all and not self.service.is_admin(identity):
-            await context.abort(
-                grpc.StatusCode.PERMISSION_DENIED,
-                f"--all lists every user's leases: only root and members of the admin group "
-                f"{self.service.config.admin_group!r} may; `vaccel status` shows who holds each device",
-            )
-        manager = self.service.manager
-        leases = list(manager.leases.values())
-        if request.include_ended:
-            leases += list(manager.ended.values())
-        if not request.all:
-            leases = [lease for lease in leases if lease.holder.uid == identity.uid]
-        leases.sort(key=lambda lease: lease.granted_at)
+        try:
+            leases = self.service.leases(identity, everyone=request.all, include_ended=request.include_ended)
+        except LeaseError as exc:
+            await self._fail(context, exc)
         return pb.ListLeasesReply(leases=[self.lease_pb(lease) for lease in leases])
 
     async def Status(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.StatusReply:
-        await self._identity(context)
-        service = self.service
-        reply = pb.StatusReply(hostname=socket.gethostname(), version=__version__,
-                               simulated=service.snapshot.simulated)
-        for device in sorted(service.manager.devices.values(), key=lambda d: d.index):
-            state, lease = service.device_view(device)
-            reply.devices.append(device_pb(device, state, lease, service.manager.drained.get(device.uuid, "")))
-        for position, queued in enumerate(service.manager.queue, start=1):
-            h = queued.holder
+        identity = await self._identity(context)
+        try:
+            status = self.service.status(identity)
+        except LeaseError as exc:
+            await self._fail(context, exc)
+        reply = pb.StatusReply(hostname=socket.gethostname(), version=__version__, simulated=status.simulated)
+        reply.devices.extend(view_pb(view, with_drain_reason=True) for view in status.devices)
+        for position, queued in enumerate(status.queue, start=1):
             reply.queue.append(pb.QueueEntry(
-                request_id=queued.id, requester=pb.Holder(user=h.user, uid=h.uid, pid=h.pid, command=h.command),
+                request_id=queued.id, requester=_holder_pb(queued.holder),
                 gpus=queued.requirement.gpus, min_memory_mib=queued.requirement.min_memory_mib,
                 since=queued.since, position=position,
             ))
-        for proc in service.unleased_processes():
+        for proc in status.unleased_processes:
             reply.unleased_processes.append(pb.GpuProcess(
                 pid=proc.pid, uid=max(proc.uid, 0), user=proc.user, command=proc.command,
                 used_memory_mib=proc.used_memory_mib, device_uuid=proc.device_uuid,
             ))
-        for verdict in service.snapshot.verdicts:
+        for verdict in status.probes:
             reply.probes.append(pb.ProbeVerdict(vendor=verdict.vendor, available=verdict.available,
                                                 reason=verdict.reason))
         return reply
@@ -230,14 +221,13 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     async def Drain(self, request: pb.DrainRequest, context: grpc.aio.ServicerContext) -> pb.Device:
         identity = await self._identity(context)
         try:
-            device = await self.service.drain(identity, request.device, request.reason[:500], request.undo)
+            view = await self.service.drain(identity, request.device, request.reason[:500], request.undo)
         except LeaseError as exc:
             await self._fail(context, exc)
-        state, lease = self.service.device_view(device)
-        return device_pb(device, state, lease, self.service.manager.drained.get(device.uuid, ""))
+        return view_pb(view, with_drain_reason=True)
 
     async def Check(self, request: pb.CheckRequest, context: grpc.aio.ServicerContext) -> pb.CheckReply:
-        await self._identity(context)
+        identity = await self._identity(context)
         if len(request.runtime_spec_yaml) > MAX_TEXT or len(request.accelerator_config_yaml) > MAX_TEXT:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "contract file larger than 256 KiB")
         try:
@@ -248,16 +238,18 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             )
         except ContractError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        devices = sorted(self.service.manager.devices.values(), key=lambda d: d.index)
-        evaluation = evaluate(requirement, devices)
+        try:
+            check = self.service.check(identity, requirement)
+        except LeaseError as exc:
+            await self._fail(context, exc)
+        evaluation = check.evaluation
         reply = pb.CheckReply(satisfiable=evaluation.satisfiable, summary=evaluation.reason)
         reply.host_checks.extend(check_line_to_proto(line) for line in evaluation.host_checks)
-        for device in devices:
-            state, lease = self.service.device_view(device)
+        for view in check.devices:
+            uuid = view.device.uuid
             reply.devices.append(pb.DeviceCheck(
-                device=device_pb(device, state, lease),
-                eligible=device.uuid in evaluation.eligible,
-                checks=[check_line_to_proto(line) for line in evaluation.per_device.get(device.uuid, ())],
+                device=view_pb(view), eligible=uuid in evaluation.eligible,
+                checks=[check_line_to_proto(line) for line in evaluation.per_device.get(uuid, ())],
             ))
         reply.suggestions.extend(evaluation.suggestions)
         return reply

@@ -27,7 +27,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from brokerd.contract import CheckLine
-from brokerd.leases import ACTIVE, Holder, Lease, LeaseTerms
+from brokerd.leases import ACTIVE, Lease, LeaseTerms
+from brokerd.process import Holder, ProcessId
 
 log = logging.getLogger("vaccel.brokerd")
 
@@ -89,7 +90,7 @@ def _lease_from_row(row: sqlite3.Row) -> Lease:
         state=row["state"],
         end_reason=row["end_reason"],
         ended_at=row["ended_at"],
-        members={(int(p), int(s)) for p, s in json.loads(row["members"])},
+        members={ProcessId(int(p), int(s)) for p, s in json.loads(row["members"])},
     )
 
 

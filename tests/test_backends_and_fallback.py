@@ -6,7 +6,7 @@ from pathlib import Path
 
 import brokerd.probes as probes
 from brokerd.devices import ProbeVerdict, Snapshot
-from brokerd.service import _lost_probes
+from brokerd.inventory_watch import lost_probes
 from vaccel_common.backends import lease_env
 
 
@@ -56,8 +56,8 @@ def test_a_probe_that_stops_finding_devices_is_noticed():
     ok = Snapshot((), verdicts=(ProbeVerdict("nvidia", True, "2 GPUs"),))
     gone = Snapshot((), verdicts=(ProbeVerdict("nvidia", False, "driver not loaded"),
                                   ProbeVerdict("cpu", True, "cpu")))
-    assert _lost_probes(ok, gone) == ["nvidia"]
-    assert _lost_probes(gone, ok) == []
+    assert lost_probes(ok, gone) == ["nvidia"]
+    assert lost_probes(gone, ok) == []
 
 
 def test_socket_mode_must_be_an_octal_string(tmp_path: Path):

@@ -13,7 +13,10 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from brokerd.contract import Requirement
 from brokerd.devices import Device
-from brokerd.leases import Busy, Caller, Holder, Lease, LeaseError, LeaseManager, Request, Unsatisfiable
+from brokerd.errors import Busy, LeaseError, Unsatisfiable
+from brokerd.leases import Lease, LeaseManager, Request
+from brokerd.permissions import Action, Permissions
+from brokerd.process import Holder
 
 N_DEVICES = 4
 HOLDERS = [Holder(1000 + i, 1000 + i, 100 + i, 7, f"user{i}") for i in range(4)]
@@ -70,8 +73,11 @@ class LeaseMachine(RuleBasedStateMachine):
     def release(self, data: st.DataObject, admin: bool) -> None:
         lease = data.draw(st.sampled_from(sorted(self.manager.leases.values(), key=lambda x: x.id)))
         who = data.draw(st.sampled_from(HOLDERS))
+        permissions = Permissions(is_admin=lambda _: admin, admin_group=lambda: "vaccel-admin")
         try:
-            self.manager.release(lease.id, Caller(who.uid, who.gid, who.pid, who.start_time, admin))
+            # As the service does it: the permission first, then the manager.
+            permissions.require(Action.RELEASE, who, self.manager.active(lease.id))
+            self.manager.release(lease.id, who.uid)
         except LeaseError:
             assert who.uid != lease.holder.uid and not admin
             assert lease.active
@@ -94,13 +100,13 @@ class LeaseMachine(RuleBasedStateMachine):
         self.now += seconds
         if beat:
             for lease in list(self.manager.leases.values()):
-                self.manager.heartbeat(lease.id, Caller(lease.holder.uid, 0, 0, 0))
+                self.manager.heartbeat(lease.id)
         for lease in self.manager.expire():
             assert not lease.active
 
     @rule(holder=st.sampled_from(HOLDERS))
     def holder_dies(self, holder: Holder) -> None:
-        ended, _ = self.manager.process_exited(holder.pid, holder.start_time)
+        ended, _ = self.manager.process_exited(holder.process)
         assert all(lease.holder == holder for lease in ended)
         assert not any(r.holder == holder for r in self.manager.queue)
 

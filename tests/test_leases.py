@@ -8,24 +8,9 @@ import pytest
 
 from brokerd.contract import Requirement
 from brokerd.devices import Device
-from brokerd.leases import (
-    EXPIRED,
-    HOLDER_EXITED,
-    LOST,
-    RELEASED,
-    REVOKED,
-    Busy,
-    Caller,
-    Ended,
-    Holder,
-    Lease,
-    LeaseError,
-    LeaseManager,
-    NotFound,
-    PermissionDenied,
-    Request,
-    Unsatisfiable,
-)
+from brokerd.errors import Busy, Ended, LeaseError, NotFound, Unsatisfiable
+from brokerd.leases import EXPIRED, HOLDER_EXITED, LOST, RELEASED, REVOKED, Lease, LeaseManager, Request
+from brokerd.process import Holder, ProcessId
 
 
 class Clock:
@@ -47,10 +32,6 @@ BOB = Holder(1002, 1002, 600, 22, "bob")
 CAROL = Holder(1003, 1003, 700, 33, "carol")
 
 
-def caller(h: Holder, admin: bool = False) -> Caller:
-    return Caller(h.uid, h.gid, h.pid, h.start_time, admin)
-
-
 def manager(n: int = 2, **kw) -> tuple[LeaseManager, Clock]:
     clock = Clock()
     counter = itertools.count()
@@ -66,7 +47,7 @@ def test_grant_is_exclusive_and_release_frees():
     assert set(a.devices).isdisjoint(b.devices)
     with pytest.raises(Busy, match="alice"):
         m.submit(CAROL, Requirement(1), wait=False)
-    m.release(a.id, caller(ALICE))
+    m.release(a.id, ALICE.uid)
     c = m.submit(CAROL, Requirement(1), wait=False)
     assert isinstance(c, Lease) and c.devices == a.devices
     m.check_invariants()
@@ -100,7 +81,7 @@ def test_fifo_queue_and_positions():
     assert isinstance(r1, Request) and isinstance(r2, Request)
     assert m.queue_position(r1.id) == (1, 2)
     assert m.queue_position(r2.id) == (2, 2)
-    m.release(first.id, caller(ALICE))
+    m.release(first.id, ALICE.uid)
     grants = m.pump()
     assert [g.request.id for g in grants] == [r1.id]
     assert m.queue_position(r2.id) == (1, 1)
@@ -114,7 +95,7 @@ def test_newcomer_does_not_jump_the_queue():
     # One device is free, but Bob (ahead, wanting 2) may use it: Carol must wait behind him.
     late = m.submit(CAROL, Requirement(1), wait=True)
     assert isinstance(late, Request)
-    m.release(held.id, caller(ALICE))
+    m.release(held.id, ALICE.uid)
     grants = m.pump()
     assert [g.request.holder.user for g in grants] == ["bob"]
 
@@ -138,19 +119,16 @@ def test_cancel_removes_from_queue():
     assert not m.cancel(r.id)
 
 
-def test_only_holder_or_admin_may_release():
+def test_release_by_another_user_is_a_revoke():
+    # Who may release at all is brokerd/permissions.py's (tests/test_permissions.py).
     m, _ = manager(1)
     a = m.submit(ALICE, Requirement(1), wait=False)
-    with pytest.raises(PermissionDenied, match="alice"):
-        m.release(a.id, caller(BOB))
-    with pytest.raises(PermissionDenied):
-        m.heartbeat(a.id, caller(BOB))
-    revoked = m.release(a.id, caller(BOB, admin=True))
+    revoked = m.release(a.id, BOB.uid)
     assert revoked.state == REVOKED and "admin" in revoked.end_reason
     with pytest.raises(Ended, match="revoked"):
-        m.heartbeat(a.id, caller(ALICE))
+        m.heartbeat(a.id)
     with pytest.raises(NotFound):
-        m.release("l-nope", caller(ALICE))
+        m.release("l-nope", ALICE.uid)
 
 
 def test_heartbeat_ttl_and_max_duration():
@@ -159,7 +137,7 @@ def test_heartbeat_ttl_and_max_duration():
     b = m.submit(BOB, Requirement(1), wait=False)
     for _ in range(12):
         clock.now += 8
-        m.heartbeat(a.id, caller(ALICE))
+        m.heartbeat(a.id)
         ended = m.expire()
         if ended:
             break
@@ -167,7 +145,7 @@ def test_heartbeat_ttl_and_max_duration():
     assert ended[0].state == EXPIRED and "heartbeat" in ended[0].end_reason
     while a.active:
         clock.now += 8
-        m.heartbeat(a.id, caller(ALICE))
+        m.heartbeat(a.id)
         ended = m.expire()
     assert a.state == EXPIRED and "maximum" in a.end_reason
     assert clock.now - a.granted_at >= 100
@@ -178,21 +156,19 @@ def test_holder_exit_ends_leases_and_drops_requests():
     m, _ = manager(1)
     a = m.submit(ALICE, Requirement(1), wait=False)
     r = m.submit(BOB, Requirement(1), wait=True)
-    ended, dropped = m.process_exited(BOB.pid, BOB.start_time)
+    ended, dropped = m.process_exited(BOB.process)
     assert ended == [] and [d.id for d in dropped] == [r.id]
-    ended, _ = m.process_exited(ALICE.pid, ALICE.start_time + 1)  # same pid, another process
+    ended, _ = m.process_exited(ProcessId(ALICE.pid, ALICE.start_time + 1))  # same pid, another process
     assert ended == []
-    ended, _ = m.process_exited(ALICE.pid, ALICE.start_time)
+    ended, _ = m.process_exited(ALICE.process)
     assert [lease.id for lease in ended] == [a.id] and a.state == HOLDER_EXITED
 
 
-def test_join_only_same_user():
+def test_a_joining_process_becomes_a_member():
+    # Who may join is brokerd/permissions.py's (tests/test_permissions.py).
     m, _ = manager(1)
     a = m.submit(ALICE, Requirement(1), wait=False)
-    child = Caller(ALICE.uid, ALICE.gid, 9999, 5)
-    assert m.join(a.id, child).members == {(9999, 5)}
-    with pytest.raises(PermissionDenied, match="only its holder"):
-        m.join(a.id, caller(BOB, admin=True))
+    assert m.join(a.id, ProcessId(9999, 5)).members == {(9999, 5)}
 
 
 def test_unhealthy_or_vanished_device_ends_lease_and_is_not_granted():
@@ -238,6 +214,6 @@ def test_release_records_history_and_last_used():
     m, clock = manager(1)
     a = m.submit(ALICE, Requirement(1), wait=False)
     clock.now += 5
-    m.release(a.id, caller(ALICE))
+    m.release(a.id, ALICE.uid)
     assert m.get(a.id).state == RELEASED
     assert m.last_used["GPU-0"] == clock.now

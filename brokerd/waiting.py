@@ -1,0 +1,91 @@
+"""The clients whose requests wait in the queue, each with a mailbox: updates on its place
+in line while it waits, then the grant (or the error) that ends the wait. The lease
+manager owns the queue itself; this only talks to the ones waiting in it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from brokerd.errors import LeaseError
+from brokerd.leases import Lease, LeaseManager
+from brokerd.views import DeviceView, device_view
+
+
+@dataclass(frozen=True)
+class QueuedUpdate:
+    """Where a waiting request stands: `position` of `total`, in words, and what is held."""
+
+    position: int
+    total: int
+    message: str
+    held: tuple[DeviceView, ...]  # the devices leased right now
+
+
+@dataclass
+class Mailbox:
+    """One waiting client's: read only by that client's acquire stream."""
+
+    items: asyncio.Queue[QueuedUpdate | Lease | LeaseError] = field(default_factory=asyncio.Queue)
+    last_position: tuple[int, int] = (0, 0)
+
+    async def receive(self, timeout: float | None) -> QueuedUpdate | Lease:
+        """The next update or the grant; raises the error posted, or TimeoutError."""
+        item = await asyncio.wait_for(self.items.get(), timeout)
+        if isinstance(item, LeaseError):
+            raise item
+        return item
+
+    def unread_grants(self) -> list[Lease]:
+        """Empty the mailbox: the grants in it, which its client will never read."""
+        grants = []
+        while not self.items.empty():
+            item = self.items.get_nowait()
+            if isinstance(item, Lease):
+                grants.append(item)
+        return grants
+
+
+class WaitingRoom:
+    """The mailboxes of the requests waiting now, by request id."""
+
+    def __init__(self) -> None:
+        self._boxes: dict[str, Mailbox] = {}
+
+    def open(self, request_id: str) -> Mailbox:
+        box = self._boxes[request_id] = Mailbox()
+        return box
+
+    def close(self, request_id: str, last_word: QueuedUpdate | None = None) -> None:
+        """Nothing more will be posted for this request; `last_word` is its final item."""
+        box = self._boxes.pop(request_id, None)
+        if box is not None and last_word is not None:
+            box.items.put_nowait(last_word)
+
+    def post(self, request_id: str, item: Lease | LeaseError) -> bool:
+        """Hand a grant or an error to the waiter; False when nobody waits for it any more."""
+        box = self._boxes.get(request_id)
+        if box is not None:
+            box.items.put_nowait(item)
+        return box is not None
+
+    def announce(self, manager: LeaseManager) -> None:
+        """Tell each waiter whose place in the queue changed where it stands now."""
+        if not self._boxes:
+            return
+        devices = manager.devices
+        held = tuple(device_view(manager, devices[uuid]) for uuid in manager.owner if uuid in devices)
+        summary = manager.holders_summary()
+        for request in manager.queue:
+            box = self._boxes.get(request.id)
+            if box is None:
+                continue
+            position = manager.queue_position(request.id)
+            if position == box.last_position:
+                continue
+            box.last_position = position
+            n = request.requirement.gpus
+            message = (f"waiting for {n} GPU{'s' if n > 1 else ''}: position {position[0]} "
+                       f"of {position[1]}; {summary}")
+            box.items.put_nowait(QueuedUpdate(position[0], position[1], message, held))
