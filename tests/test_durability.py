@@ -56,10 +56,17 @@ def test_kill9_and_restart_restores_leases_and_holders_do_not_notice(start_broke
     time.sleep(6)  # longer than the TTL: the holders must have kept heartbeating
     assert {d["lease_id"] for d in status(broker)["devices"] if d["lease_id"]} == {lid for _, lid in holders}
     # The one free device can be leased, and only it.
+    free = next(u for u, lid in before.items() if lid is None)
     r = broker.vaccel("run", "--no-wait", "--", "sh", "-c", "echo $CUDA_VISIBLE_DEVICES")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == next(u for u, lid in before.items() if lid is None)
-    assert broker.vaccel("run", "--no-wait", "--", "true").returncode != 0 or len(leased(broker)) < 4
+    assert r.stdout.strip() == free
+    last, last_id = hold(broker)
+    assert {d["uuid"]: d["lease_id"] for d in status(broker)["devices"]} == {**before, free: last_id}
+    refused = broker.vaccel("run", "--no-wait", "--", "true")
+    assert refused.returncode != 0, "a fifth lease was granted with all four devices held"
+    assert "no free device" in refused.stderr, refused.stderr
+    assert sorted(leased(broker)) == sorted(before)
+    assert finish(last).startswith("kept")
     for p, _ in holders:
         assert finish(p).startswith("kept"), "a holder noticed more than a retry"
     assert leased(broker) == []

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from brokerd.config import Config
 from brokerd.contract import Requirement
 from brokerd.devices import Device, Snapshot
-from brokerd.identity import Identity
 from brokerd.leases import RELEASED, Lease
+from brokerd.process import Identity
 from brokerd.procinfo import start_time
-from brokerd.service import BrokerService, QueuedUpdate
+from brokerd.service import BrokerService
 from brokerd.store import LeaseStore
+from brokerd.waiting import QueuedUpdate
+from tests.store_gate import WriterGate
 
 
 def me() -> Identity:
@@ -22,6 +26,37 @@ def me() -> Identity:
 
 def one_gpu() -> Snapshot:
     return Snapshot((Device(0, "GPU-0", "nvidia", "card", 1024, "cuda", "sm_80", simulated=True),), simulated=True)
+
+
+async def eventually(condition: Callable[[], object], what: str, timeout: float = 10.0) -> None:
+    """Let the loop run until `condition()` holds; the deadline only turns a hang into a failure."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        await asyncio.sleep(0.001)
+
+
+def active_on_disk(state_dir: Path) -> set[str]:
+    """The active leases a restarted daemon would find."""
+    store = LeaseStore(state_dir)
+    try:
+        return {lease.id for lease in store.open()[0]}
+    finally:
+        store.close()
+
+
+def grant_announced(service: BrokerService, state_dir: Path) -> asyncio.Event:
+    """Set when the service announces a change with every lease it holds on disk: the
+    announcement the pump makes once a grant is durable, right before it posts the grant."""
+    announced = asyncio.Event()
+
+    def on_change() -> None:
+        held = set(service.manager.leases)
+        if held and held <= active_on_disk(state_dir):
+            announced.set()
+
+    service.on_change = on_change
+    return announced
 
 
 def test_a_grant_left_in_the_mailbox_of_a_leaving_waiter_is_handed_back(tmp_path: Path):
@@ -35,11 +70,12 @@ def test_a_grant_left_in_the_mailbox_of_a_leaving_waiter_is_handed_back(tmp_path
         assert isinstance(holding, Lease)
         second = service.acquire(me(), Requirement(1), wait=True, max_wait_s=None)
         assert isinstance(await anext(second), QueuedUpdate)
+        announced = grant_announced(service, tmp_path)
         await service.release(me(), holding.id)
-        await asyncio.sleep(0.1)  # the pump grants the waiter: the lease sits in its mailbox
-        granted = next(iter(service.manager.leases.values()))
+        await announced.wait()  # the pump granted the waiter: the lease sits in its mailbox
+        (granted,) = service.manager.leases.values()
+        assert granted.active
         await second.aclose()  # ...but the client has gone before reading it
-        await asyncio.sleep(0.1)
         await first.aclose()
         await service.close()
         store.close()
@@ -47,6 +83,47 @@ def test_a_grant_left_in_the_mailbox_of_a_leaving_waiter_is_handed_back(tmp_path
 
     granted = asyncio.run(scenario())
     assert granted.state == RELEASED and "left before the grant" in granted.end_reason
+    assert active_on_disk(tmp_path) == set(), "the hand-back is on disk too"
+
+
+def test_a_grant_still_being_committed_when_its_waiter_leaves_is_handed_back(tmp_path: Path):
+    """The race a 0.1 s sleep once hid here: the waiter leaves while its grant is being
+    committed, so the grant is in neither its hands nor its mailbox yet. The pump must
+    look for the waiter only after the commit, and hand the devices back when it is gone."""
+    async def scenario() -> Lease:
+        store = LeaseStore(tmp_path)
+        store.open()
+        gate = WriterGate(store)
+        service = BrokerService(Config(state_dir=tmp_path), store, one_gpu())
+        service.restore([], [])
+        first = service.acquire(me(), Requirement(1), wait=True, max_wait_s=None)
+        holding = await anext(first)
+        assert isinstance(holding, Lease)
+        second = service.acquire(me(), Requirement(1), wait=True, max_wait_s=None)
+        assert isinstance(await anext(second), QueuedUpdate)
+        announced = grant_announced(service, tmp_path)
+        gate.hold()
+        try:
+            releasing = asyncio.create_task(service.release(me(), holding.id))
+            await gate.wait_held()  # the release's commit is held, the grant queued behind it
+            await eventually(lambda: service.manager.leases, "the pump granted the waiter")
+            (granted,) = service.manager.leases.values()
+            await second.aclose()  # the client leaves before its grant is durable
+        finally:
+            gate.release()
+        await releasing
+        await announced.wait()  # the grant is durable now and the pump has gone on
+        try:
+            await eventually(lambda: not granted.active, "the grant was handed back", timeout=5)
+        finally:
+            await first.aclose()
+            await service.close()
+            store.close()
+        return granted
+
+    granted = asyncio.run(scenario())
+    assert granted.state == RELEASED and "left before the grant" in granted.end_reason
+    assert active_on_disk(tmp_path) == set(), "the hand-back is on disk too"
 
 
 def test_a_waiter_gets_a_device_freed_by_expiry_of_several_leases_at_once(tmp_path: Path):
