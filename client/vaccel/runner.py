@@ -9,6 +9,9 @@
   without a lease and keeps their device out of the pool until they are gone.
 - If the lease ends behind our back (revoked, expired), the command gets SIGTERM, then
   SIGKILL after a grace period: it must not keep computing on someone else's device.
+
+The lease's life itself (request, queue, heartbeat, release) is LeaseSession's
+(session.py); this module adds the signals, the child and its process tree.
 """
 
 from __future__ import annotations
@@ -18,16 +21,13 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-import grpc
-
-from vaccel.connection import BrokerConnection, BrokerUnavailable
-from vaccel.leasing import Heartbeat, Lease, LeaseError, consume_acquire, open_acquire
+from vaccel.lease_types import Lease
+from vaccel.session import LeaseRequest, LeaseSession
 from vaccel_common.backends import DEVICE_ENV_VARS
-from vaccel_common.v1 import broker_pb2 as pb
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 _WAITED = {*FORWARDED, signal.SIGCHLD}
@@ -50,6 +50,7 @@ def _child_setup(parent_pid: int) -> None:
 
 
 def child_env(lease_obj: Lease, config_path: Path | None) -> dict[str, str]:
+    """Our environment with only the lease's devices visible (and its accelerator config)."""
     env = {k: v for k, v in os.environ.items() if k not in DEVICE_ENV_VARS}
     env.update(lease_obj.env)
     if config_path is not None:
@@ -73,41 +74,39 @@ def run_under_lease(
     socket: str | None,
     quiet: bool = False,
 ) -> int:
-    from vaccel.contract_files import load_contract_files
-    from vaccel.facts import gather_facts
-
+    """Lease, run `command` on the lease, release; return the command's exit status.
+    Raises LeaseError, ContractFileError, or Interrupted (a signal while queued)."""
     # Block the signals we forward before any thread exists (gRPC starts some), so every
     # thread inherits the mask and only the main thread's sigtimedwait ever takes them.
     signal.pthread_sigmask(signal.SIG_BLOCK, _WAITED)
     try:
-        files = load_contract_files(contract, config, Path.cwd())
-        request = pb.AcquireRequest(
-            gpus=gpus, min_memory_mib=min_memory_mib,
-            wait_forever=wait is True, max_wait_seconds=0.0 if isinstance(wait, bool) else float(wait),
-            runtime_spec_yaml=files.spec_text, runtime_spec_name=files.spec_name,
-            accelerator_config_yaml=files.config_text, accelerator_config_name=files.config_name,
-            command=" ".join(command)[:200],
-        )
-        if files.spec_text or files.config_text:
-            # Only a contract needs the interpreter's torch facts; importing torch costs seconds.
-            request.client.CopyFrom(gather_facts(files.packages))
-        connection = BrokerConnection(socket)
-        try:
-            granted = _acquire_interruptibly(connection, request, quiet)
-            lease_obj = Lease(granted, joined=False, connection=connection)
+        request = LeaseRequest(gpus=gpus, min_memory_mib=min_memory_mib, wait=wait, contract=contract,
+                               config=config, command=" ".join(command))
+        with LeaseSession(socket, on_queue=_queue_printer(quiet), say=lambda m: _say(False, m)) as session:
+            lease_obj = _acquire_interruptibly(session, request)
             names = ", ".join(f"gpu{d.index} {d.name}" for d in lease_obj.devices)
             _say(quiet, f"lease {lease_obj.id}: {names}" + (" (simulated)" if lease_obj.simulated else ""))
             for warning in lease_obj.warnings:
                 _say(quiet, f"warning: {warning}")
             try:
-                env = child_env(lease_obj, files.config_path)
-                return _supervise(command, lease_obj, connection, env)
+                return _supervise(command, session, lease_obj, child_env(lease_obj, session.config_path))
             finally:
-                _release(connection, lease_obj, quiet)
-        finally:
-            connection.close()
+                if session.release():
+                    _say(quiet, f"lease {lease_obj.id} released")
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _WAITED)
+
+
+def _queue_printer(quiet: bool) -> Callable[[str], None]:
+    """Print each queue message once: the broker repeats it while nothing changes."""
+    last = [""]
+
+    def on_queue(message: str) -> None:
+        if message != last[0]:
+            last[0] = message
+            _say(quiet, message)
+
+    return on_queue
 
 
 class Interrupted(Exception):
@@ -118,41 +117,18 @@ class Interrupted(Exception):
         self.exit_code = 128 + signum
 
 
-def _acquire_interruptibly(connection: BrokerConnection, request: pb.AcquireRequest, quiet: bool) -> pb.Lease:
+def _acquire_interruptibly(session: LeaseSession, request: LeaseRequest) -> Lease:
     """Wait for the grant on a worker thread while the main thread watches for signals."""
-    last = [""]
-
-    def on_queue(message: str) -> None:
-        if message != last[0]:
-            last[0] = message
-            _say(quiet, message)
-
-    call = open_acquire(connection, request)
-    outcome: dict[str, object] = {}
-
-    def consume() -> None:
-        try:
-            outcome["lease"] = consume_acquire(call, on_queue)
-        except BaseException as exc:  # handed to the main thread below
-            outcome["error"] = exc
-
-    worker = threading.Thread(target=consume, name="vaccel-acquire", daemon=True)
-    worker.start()
-    while worker.is_alive():
+    pending = session.acquire_in_background(request)
+    while not pending.wait(0):
         info = signal.sigtimedwait(FORWARDED, 0.2)
         if info is not None and info.si_signo in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-            call.cancel()
-            worker.join(5)
+            pending.cancel()
             raise Interrupted(info.si_signo)
-    if "error" in outcome:
-        raise outcome["error"]  # type: ignore[misc]
-    granted = outcome["lease"]
-    if not isinstance(granted, pb.Lease):
-        raise LeaseError("the broker ended the request without a grant", "internal")
-    return granted
+    return pending.result()
 
 
-def _supervise(command: list[str], lease_obj: Lease, connection: BrokerConnection, env: dict[str, str]) -> int:
+def _supervise(command: list[str], session: LeaseSession, lease_obj: Lease, env: dict[str, str]) -> int:
     """Run the command, forward signals, stop it if the lease ends; return its status."""
     parent = os.getpid()
     try:
@@ -160,27 +136,21 @@ def _supervise(command: list[str], lease_obj: Lease, connection: BrokerConnectio
     except OSError as exc:
         _say(False, f"cannot run {command[0]}: {exc.strerror}")
         return 127 if isinstance(exc, FileNotFoundError) else 126
-    lost: list[str] = []
-    heartbeat = Heartbeat(lease_obj, connection, lambda _lease, reason: lost.append(reason))
-    heartbeat.start()
+    session.start_heartbeat()
     stopped_at = 0.0
-    try:
-        while child.poll() is None:
-            info = signal.sigtimedwait(_WAITED, 0.2)
-            if info is not None and info.si_signo != signal.SIGCHLD:
-                # Ctrl-C from the terminal already reached the child (same process group).
-                from_terminal = info.si_signo == signal.SIGINT and info.si_code == _SI_KERNEL
-                if not from_terminal:
-                    child.send_signal(info.si_signo)
-            if lost and not stopped_at:
-                lease_obj.mark_lost(lost[0])
-                _say(False, f"lease {lease_obj.id} ended: {lost[0]}; stopping the command")
-                _signal_tree(child.pid, signal.SIGTERM)
-                stopped_at = time.monotonic()
-            elif stopped_at and time.monotonic() - stopped_at > LOST_GRACE_S:
-                _signal_tree(child.pid, signal.SIGKILL)
-    finally:
-        heartbeat.stop()
+    while child.poll() is None:
+        info = signal.sigtimedwait(_WAITED, 0.2)
+        if info is not None and info.si_signo != signal.SIGCHLD:
+            # Ctrl-C from the terminal already reached the child (same process group).
+            from_terminal = info.si_signo == signal.SIGINT and info.si_code == _SI_KERNEL
+            if not from_terminal:
+                child.send_signal(info.si_signo)
+        if lease_obj.lost_reason and not stopped_at:
+            _say(False, f"lease {lease_obj.id} ended: {lease_obj.lost_reason}; stopping the command")
+            _signal_tree(child.pid, signal.SIGTERM)
+            stopped_at = time.monotonic()
+        elif stopped_at and time.monotonic() - stopped_at > LOST_GRACE_S:
+            _signal_tree(child.pid, signal.SIGKILL)
     code = child.returncode
     return 128 - code if code < 0 else code
 
@@ -214,17 +184,3 @@ def _signal_tree(pid: int, sig: int) -> None:
             os.kill(target, sig)
         except ProcessLookupError:
             pass
-
-
-def _release(connection: BrokerConnection, lease_obj: Lease, quiet: bool) -> None:
-    if lease_obj.ended:
-        return
-    try:
-        connection.call("Release", pb.ReleaseRequest(lease_id=lease_obj.id), timeout=10, retry_unavailable_s=5)
-        _say(quiet, f"lease {lease_obj.id} released")
-    except grpc.RpcError as exc:
-        if exc.code() not in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
-            _say(False, f"could not release lease {lease_obj.id} ({exc.details()}); the broker reclaims it "
-                 "when we exit")
-    except BrokerUnavailable as exc:
-        _say(False, f"could not release lease {lease_obj.id} ({exc}); the broker reclaims it when we exit")

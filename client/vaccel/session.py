@@ -1,0 +1,340 @@
+"""One lease's life on the client side, written once: connect, build the request, wait in
+the queue, keep the lease alive, notice when it ends behind our back, give it back.
+
+`vaccel.lease()` (leasing.py) and `vaccel run` (runner.py) are shells around LeaseSession
+that add only what differs between them: lease() applies the environment to this process
+and raises LeaseLost in its main thread; `vaccel run` waits for signals and stops its
+command when the lease is lost. Anything else that holds a lease (a reservation, a
+notebook kernel) is meant to be one more such shell.
+
+    session = LeaseSession(socket)
+    try:
+        held = session.acquire(LeaseRequest(gpus=2, command="train.py"))
+        session.start_heartbeat()
+        ...                                   # use held.env / held.devices
+        session.release()
+    finally:
+        session.close()
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import grpc
+
+from vaccel.connection import BrokerConnection, BrokerUnavailable
+from vaccel.contract_files import ContractFiles, load_contract_files
+from vaccel.lease_types import Lease, LeaseError
+from vaccel_common.units import parse_duration
+from vaccel_common.v1 import broker_pb2 as pb
+
+# Heartbeat replies meaning the lease is over for good (ended, someone else's, forgotten):
+# every other failure is retried on the next beat.
+_LEASE_OVER = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION,
+               grpc.StatusCode.PERMISSION_DENIED)
+# Release replies meaning the lease had already ended (expired, revoked): nothing to give back.
+_ALREADY_ENDED = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND)
+
+
+def wait_fields(wait: bool | float | str | None) -> tuple[bool, float]:
+    """(wait_forever, max_wait_seconds) of the request: True waits in the queue for as long
+    as it takes, False or None fails at once when busy, a number or "2h" gives up after that."""
+    if wait is True:
+        return True, 0.0
+    if wait is False or wait is None:
+        return False, 0.0
+    return False, parse_duration(wait)
+
+
+@dataclass(frozen=True)
+class LeaseRequest:
+    """What to ask the broker for; `build` turns it into the wire request.
+
+    `in_process` says the job runs in this very interpreter (lease()) rather than in a
+    command started afterwards (`vaccel run`); it decides whether client facts are sent.
+    """
+
+    gpus: int = 1
+    min_memory_mib: int = 0
+    wait: bool | float | str | None = True
+    contract: str | os.PathLike[str] | None = None
+    config: str | os.PathLike[str] | None = None
+    command: str = ""
+    in_process: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.gpus, int) or isinstance(self.gpus, bool) or self.gpus < 1:
+            raise ValueError(f"gpus must be a positive integer, got {self.gpus!r}")
+        wait_fields(self.wait)  # a bad duration is the caller's mistake: say so now, not when queueing
+
+    def build(self, cwd: Path) -> tuple[pb.AcquireRequest, ContractFiles]:
+        """The Acquire request and the contract files it carries (ContractFileError when a
+        named file cannot be read)."""
+        files = load_contract_files(self.contract, self.config, cwd)
+        wait_forever, max_wait_s = wait_fields(self.wait)
+        request = pb.AcquireRequest(
+            gpus=self.gpus, min_memory_mib=self.min_memory_mib,
+            wait_forever=wait_forever, max_wait_seconds=max_wait_s,
+            runtime_spec_yaml=files.spec_text, runtime_spec_name=files.spec_name,
+            accelerator_config_yaml=files.config_text, accelerator_config_name=files.config_name,
+            command=self.command[:200],
+        )
+        if self.sends_facts(files):
+            from vaccel.facts import gather_facts  # imports torch: only when the facts are sent
+
+            request.client.CopyFrom(gather_facts(files.packages))
+        return request, files
+
+    def sends_facts(self, files: ContractFiles) -> bool:
+        """Facts describe this interpreter (its torch build, its packages). The daemon checks
+        them against a contract, and without one only turns a torch mismatch into an advisory
+        warning. So they go with a contract, or when this interpreter is the job itself;
+        a command started later may be another program, and gathering them imports torch."""
+        return not files.empty or self.in_process
+
+
+class PendingGrant:
+    """An Acquire in flight on a worker thread, so the calling thread stays free (to wait
+    for signals). `done` is set the moment the stream ends, granted or not; a caller that
+    wants to wake on the grant instead of polling passes `on_done` (run on the worker)."""
+
+    def __init__(self, session: LeaseSession, call: Any, on_done: Callable[[], None] | None) -> None:
+        self._session = session
+        self._call = call
+        self._on_done = on_done
+        self._granted: pb.Lease | None = None
+        self._error: BaseException | None = None
+        self._lease: Lease | None = None
+        self.done = threading.Event()
+        self._worker = threading.Thread(target=self._consume, name="vaccel-acquire", daemon=True)
+        self._worker.start()
+
+    def _consume(self) -> None:
+        try:
+            self._granted = read_acquire(self._call, self._session.on_queue)
+        except BaseException as exc:  # handed to the caller's thread by result()
+            self._error = exc
+        self.done.set()
+        if self._on_done is not None:
+            self._on_done()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once the stream has ended (call result()), False on timeout."""
+        return self.done.wait(timeout)
+
+    def cancel(self, join_s: float = 5.0) -> None:
+        """Leave the queue; a grant that races the cancel is handed back by the broker."""
+        self._call.cancel()
+        self._worker.join(join_s)
+
+    def result(self) -> Lease:
+        """The granted lease (now the session's), or the LeaseError that ended the wait."""
+        self.done.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._granted is not None
+        if self._lease is None:
+            self._lease = self._session.adopt(self._granted, joined=False)
+        return self._lease
+
+
+class LeaseSession:
+    """One connection to the broker and at most one lease on it, from request to release.
+
+    Args:
+        socket: the broker's socket (default: VACCEL_SOCKET, then the standard places).
+        on_queue: called with each queue message while waiting (None: stay silent).
+        on_lost: called (lease, reason) from the heartbeat thread after the lease has been
+            marked lost, when the broker says it ended behind our back.
+        say: where problems the caller cannot act on are reported (a release that failed).
+    """
+
+    def __init__(
+        self,
+        socket: str | os.PathLike[str] | None = None,
+        *,
+        on_queue: Callable[[str], None] | None = None,
+        on_lost: Callable[[Lease, str], None] | None = None,
+        say: Callable[[str], None] | None = None,
+    ) -> None:
+        self.connection = BrokerConnection(socket)
+        self.on_queue = on_queue
+        self.on_lost = on_lost
+        self._say = say or _stderr
+        self.lease: Lease | None = None
+        self.files = ContractFiles()
+        self._heartbeat: _Heartbeat | None = None
+
+    @property
+    def config_path(self) -> Path | None:
+        """The accelerator config the request carried (absolute), for the job's accelerator."""
+        return self.files.config_path
+
+    # -- getting a lease ----------------------------------------------------------------
+
+    def acquire(self, request: LeaseRequest) -> Lease:
+        """Wait in this thread until the grant; Ctrl-C here leaves the queue."""
+        return self.adopt(read_acquire(self._open(request), self.on_queue), joined=False)
+
+    def acquire_in_background(self, request: LeaseRequest,
+                              on_done: Callable[[], None] | None = None) -> PendingGrant:
+        """Start waiting for the grant on a worker thread; see PendingGrant."""
+        return PendingGrant(self, self._open(request), on_done)
+
+    def join(self, lease_id: str, gpus: int = 1) -> Lease:
+        """Join a lease this process runs inside (VACCEL_LEASE_ID) instead of queueing."""
+        try:
+            msg = self.connection.call("Join", pb.LeaseRef(lease_id=lease_id), retry_unavailable_s=5)
+        except BrokerUnavailable as exc:
+            raise LeaseError(str(exc), "unavailable") from None
+        except grpc.RpcError as exc:
+            raise LeaseError(f"cannot join lease {lease_id} from VACCEL_LEASE_ID: {exc.details()}",
+                             exc.code().name.lower()) from None
+        if len(msg.devices) < gpus:
+            raise LeaseError(
+                f"this process runs inside lease {lease_id} with {len(msg.devices)} device(s) but asks "
+                f"for {gpus}; ask for at most {len(msg.devices)} or start it outside that lease")
+        return self.adopt(msg, joined=True)
+
+    def adopt(self, msg: pb.Lease, *, joined: bool) -> Lease:
+        """Make a lease message the session's lease."""
+        self.lease = Lease(msg, joined=joined)
+        return self.lease
+
+    def _open(self, request: LeaseRequest) -> Any:
+        wire, self.files = request.build(Path.cwd())
+        try:
+            return self.connection.stream("Acquire", wire)
+        except BrokerUnavailable as exc:
+            raise LeaseError(str(exc), "unavailable") from None
+
+    # -- holding it ---------------------------------------------------------------------
+
+    def start_heartbeat(self) -> None:
+        """Keep the lease alive from a daemon thread until release() or close()."""
+        assert self.lease is not None, "start_heartbeat() before a lease"
+        self._heartbeat = _Heartbeat(self.lease, self.connection, self._lost)
+        self._heartbeat.start()
+
+    def _lost(self, lost: Lease, reason: str) -> None:
+        lost.mark_lost(reason)
+        if self.on_lost is not None:
+            self.on_lost(lost, reason)
+
+    # -- giving it back -----------------------------------------------------------------
+
+    def release(self) -> bool:
+        """Close the lease's accelerator, then give the lease back unless it was joined or
+        has already ended. True when it was given back just now."""
+        self._stop_heartbeat()
+        current = self.lease
+        if current is None:
+            return False
+        problem = current.close_accelerator()  # process group down before the devices go back
+        if problem:
+            self._say(f"closing the accelerator failed ({problem}); releasing anyway")
+        if current.joined or current.ended:
+            return False
+        current.mark_released()
+        try:
+            self.connection.call("Release", pb.ReleaseRequest(lease_id=current.id),
+                                 timeout=10, retry_unavailable_s=5)
+        except grpc.RpcError as err:
+            if err.code() not in _ALREADY_ENDED:
+                self._say(f"could not release lease {current.id} ({err.details()}); "
+                          "the broker reclaims it when this process exits")
+            return False
+        except BrokerUnavailable as err:
+            self._say(f"could not release lease {current.id} ({err}); "
+                      "the broker reclaims it when this process exits")
+            return False
+        return True
+
+    def close(self) -> None:
+        """Stop the heartbeat and close the connection (without releasing: see release())."""
+        self._stop_heartbeat()
+        self.connection.close()
+
+    def _stop_heartbeat(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+            self._heartbeat = None
+
+    def __enter__(self) -> LeaseSession:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+def read_acquire(call: Any, on_queue: Callable[[str], None] | None) -> pb.Lease:
+    """Read an Acquire stream's queue updates until the grant; refusals become LeaseError."""
+    granted: pb.Lease | None = None
+    try:
+        # Read to the end of the stream even after the grant: the broker ends it right
+        # away, and a call dropped before that looks like a client that left, whose
+        # grant the broker then takes back.
+        for update in call:
+            if update.HasField("granted"):
+                granted = update.granted
+            elif on_queue is not None and update.queued.message:
+                on_queue(update.queued.message)
+    except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.UNAVAILABLE:
+            raise LeaseError(f"lost the broker while waiting: {exc.details()}", "unavailable") from None
+        if exc.code() == grpc.StatusCode.CANCELLED:
+            raise LeaseError("the request was cancelled", "cancelled") from None
+        raise LeaseError(exc.details() or str(exc.code()), exc.code().name.lower()) from None
+    except BaseException:
+        call.cancel()  # Ctrl-C while queued: leave the queue
+        raise
+    if granted is None:
+        raise LeaseError("the broker ended the request without a grant", "internal")
+    return granted
+
+
+class _Heartbeat(threading.Thread):
+    """Keeps one lease alive; calls `on_lost` once when the broker says it is over."""
+
+    def __init__(self, held: Lease, connection: BrokerConnection,
+                 on_lost: Callable[[Lease, str], None]) -> None:
+        super().__init__(name=f"vaccel-heartbeat-{held.id}", daemon=True)
+        self.lease = held
+        self.connection = connection
+        self.on_lost = on_lost
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        interval = self.lease.heartbeat_interval_s
+        request = pb.LeaseRef(lease_id=self.lease.id)
+        # Jitter keeps many clients started together from beating in lockstep.
+        while not self.stop_event.wait(interval * random.uniform(0.8, 1.0)):
+            try:
+                # A broker restart shows up as UNAVAILABLE for a moment: retry, don't panic.
+                self.connection.call("Heartbeat", request, timeout=10, retry_unavailable_s=interval)
+            except BrokerUnavailable:
+                continue
+            except grpc.RpcError as exc:
+                if exc.code() in _LEASE_OVER:
+                    if not self.stop_event.is_set():
+                        self.on_lost(self.lease, exc.details() or exc.code().name)
+                    return
+            except Exception:  # one failed beat must not end the lease: the TTL decides
+                continue
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+
+def _stderr(message: str) -> None:
+    print(f"vaccel: {message}", file=sys.stderr, flush=True)
