@@ -110,24 +110,27 @@ class LeaseStore:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         try:
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        except sqlite3.DatabaseError as exc:
+            raise StateError(self._refusal(f"it cannot be opened ({exc})")) from exc
+        try:
             conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA busy_timeout=5000")
+            # Read-only checks first: a file that is refused is left exactly as it was.
+            check = conn.execute("PRAGMA quick_check").fetchone()[0]
+            if check != "ok":
+                raise StateError(self._refusal(f"SQLite integrity check failed: {check}"))
+            self._check_schema_version(conn)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute("PRAGMA foreign_keys=ON")
-            conn.execute("PRAGMA busy_timeout=5000")
-            check = conn.execute("PRAGMA quick_check").fetchone()[0]
         except sqlite3.DatabaseError as exc:
+            conn.close()
             raise StateError(self._refusal(f"it is not a usable SQLite database ({exc})")) from exc
-        if check != "ok":
-            raise StateError(self._refusal(f"SQLite integrity check failed: {check}"))
+        except StateError:
+            conn.close()
+            raise
         conn.executescript(_SCHEMA)
-        version = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        if version is None:
-            conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-        elif version[0] != str(SCHEMA_VERSION):
-            raise StateError(self._refusal(
-                f"it has schema version {version[0]}, this daemon knows {SCHEMA_VERSION} "
-                "(was it written by a newer vaccel?)"))
+        conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
         try:
             active = [_lease_from_row(r) for r in conn.execute("SELECT * FROM leases WHERE state=?", (ACTIVE,))]
             ended = [
@@ -150,6 +153,22 @@ class LeaseStore:
         self._thread = threading.Thread(target=self._writer, name="vaccel-store", daemon=True)
         self._thread.start()
         return active, ended, drained
+
+    def _check_schema_version(self, conn: sqlite3.Connection) -> None:
+        """Before anything is written: only an empty file is new. A file with tables but no
+        version, or another version, is refused as it is (no schema added, nothing stamped)."""
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if not tables:
+            return
+        version = None
+        if "meta" in tables:
+            version = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        if version is None:
+            raise StateError(self._refusal("it has tables but no schema version (not written by vaccel?)"))
+        if version[0] != str(SCHEMA_VERSION):
+            raise StateError(self._refusal(
+                f"it has schema version {version[0]}, this daemon knows {SCHEMA_VERSION} "
+                "(was it written by a newer vaccel?)"))
 
     def _refusal(self, why: str) -> str:
         return (

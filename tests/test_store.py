@@ -263,8 +263,14 @@ def test_an_unknown_schema_version_is_refused_and_the_file_left_as_it_was(tmp_pa
     assert raw(tmp_path, "SELECT id, state FROM leases") == [("l-1", "active")]
 
 
-@pytest.mark.xfail(strict=True, reason="store.open() takes a database with no schema version for a "
-                   "fresh one and stamps it as its own (see the report for issue 9, item 7)")
+def test_a_refused_newer_file_gets_no_tables_and_no_journal_change(tmp_path: Path):
+    raw(tmp_path, "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    raw(tmp_path, "INSERT INTO meta VALUES ('schema_version', ?)", str(SCHEMA_VERSION + 1))
+    assert "was it written by a newer vaccel?" in refusal(tmp_path)
+    assert raw(tmp_path, "SELECT name FROM sqlite_master WHERE type='table'") == [("meta",)]
+    assert raw(tmp_path, "PRAGMA journal_mode") == [("delete",)]
+
+
 def test_a_database_with_leases_but_no_schema_version_is_refused(tmp_path: Path):
     saved_store(tmp_path, make_lease("l-1", "GPU-0"))
     raw(tmp_path, "DELETE FROM meta")
