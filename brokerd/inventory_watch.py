@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 
 from brokerd.devices import Device, Snapshot
 from brokerd.journal import log_event
-from brokerd.leases import Lease
+from brokerd.lease_model import Lease
 from brokerd.occupancy import Occupancy, classify, to_signal
 from brokerd.procinfo import ancestors, process_info
 

@@ -17,71 +17,30 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
-from brokerd.contract import CheckLine, Evaluation, Requirement, evaluate
+from brokerd.contract import Evaluation, Requirement, evaluate
 from brokerd.devices import Device
 from brokerd.errors import Busy, Ended, LeaseError, NotFound, Unsatisfiable
+from brokerd.lease_model import (
+    ENDED_STATES,
+    EXPIRED,
+    HOLDER_EXITED,
+    LOST,
+    RELEASED,
+    REVOKED,
+    Grant,
+    Lease,
+    LeaseTerms,
+    Request,
+)
 from brokerd.policy import select_devices
 from brokerd.process import Holder, ProcessId
 from vaccel_common.units import format_duration
 
-ACTIVE = "active"
-RELEASED = "released"
-EXPIRED = "expired"
-REVOKED = "revoked"
-HOLDER_EXITED = "holder_exited"
-LOST = "lost"  # its device vanished or turned unhealthy
-ENDED_STATES = (RELEASED, EXPIRED, REVOKED, HOLDER_EXITED, LOST)
 _HISTORY = 1000
+_NO_TERMS = LeaseTerms()
 _EVALUATION_CACHE = 256
-
-
-@dataclass(frozen=True)
-class LeaseTerms:
-    """What a grant carries besides devices, decided by the daemon's config."""
-
-    allocator_config: str = ""
-    memory_cap_mib: int = 0
-    accelerator_config_yaml: str = ""
-
-
-@dataclass
-class Lease:
-    id: str
-    holder: Holder
-    devices: tuple[str, ...]
-    backend: str
-    granted_at: float
-    expires_at: float = 0.0  # hard end from the maximum duration; 0 = none
-    terms: LeaseTerms = field(default_factory=LeaseTerms)
-    warnings: tuple[CheckLine, ...] = ()
-    simulated: bool = False
-    state: str = ACTIVE
-    end_reason: str = ""
-    ended_at: float = 0.0
-    last_heartbeat: float = 0.0
-    members: set[ProcessId] = field(default_factory=set)  # processes that joined it
-
-    @property
-    def active(self) -> bool:
-        return self.state == ACTIVE
-
-
-@dataclass
-class Request:
-    id: str
-    holder: Holder
-    requirement: Requirement
-    evaluation: Evaluation
-    terms: LeaseTerms
-    since: float
-
-
-@dataclass(frozen=True)
-class Grant:
-    request: Request
-    lease: Lease
 
 
 def _new_id(prefix: str) -> str:
@@ -172,7 +131,7 @@ class LeaseManager:
         requirement: Requirement,
         *,
         wait: bool,
-        terms: LeaseTerms = LeaseTerms(),
+        terms: LeaseTerms = _NO_TERMS,
         cache_key: Hashable | None = None,
     ) -> Lease | Request:
         """Grant now, or queue (wait=True), or refuse. Raises Unsatisfiable when no device

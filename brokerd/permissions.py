@@ -16,13 +16,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
 from brokerd.errors import PermissionDenied
+from brokerd.lease_model import Lease
 from brokerd.process import Holder, Identity
-
-if TYPE_CHECKING:
-    from brokerd.leases import Lease
 
 
 class Action(Enum):

@@ -20,7 +20,8 @@ from brokerd.devices import Device, Snapshot
 from brokerd.errors import Busy, DeadlineExceeded, Internal, LeaseError
 from brokerd.inventory_watch import UnleasedSignaller, occupancy_of, probe_forever
 from brokerd.journal import log_event
-from brokerd.leases import HOLDER_EXITED, RELEASED, Lease, LeaseManager, LeaseTerms
+from brokerd.lease_model import HOLDER_EXITED, RELEASED, Lease, LeaseTerms
+from brokerd.leases import LeaseManager
 from brokerd.liveness import ProcessWatcher
 from brokerd.occupancy import Occupancy
 from brokerd.permissions import Action, Permissions

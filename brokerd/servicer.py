@@ -19,7 +19,7 @@ from brokerd.contract.spec import ContractError
 from brokerd.devices import Device
 from brokerd.errors import LeaseError
 from brokerd.identity import TokenAuthority, TokenError
-from brokerd.leases import Lease
+from brokerd.lease_model import Lease
 from brokerd.process import Holder, Identity
 from brokerd.service import BrokerService
 from brokerd.views import DeviceView

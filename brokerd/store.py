@@ -27,7 +27,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from brokerd.contract import CheckLine
-from brokerd.leases import ACTIVE, Lease, LeaseTerms
+from brokerd.lease_model import ACTIVE, Lease, LeaseTerms
 from brokerd.process import Holder, ProcessId
 
 log = logging.getLogger("vaccel.brokerd")

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from brokerd.contract import Evaluation
 from brokerd.devices import Device, GpuProcess, ProbeVerdict
 from brokerd.errors import NotFound
-from brokerd.leases import Lease, LeaseManager, Request
+from brokerd.lease_model import Lease, Request
+from brokerd.leases import LeaseManager
 
 
 @dataclass(frozen=True)

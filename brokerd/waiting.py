@@ -9,7 +9,8 @@ import asyncio
 from dataclasses import dataclass, field
 
 from brokerd.errors import LeaseError
-from brokerd.leases import Lease, LeaseManager
+from brokerd.lease_model import Lease
+from brokerd.leases import LeaseManager
 from brokerd.views import DeviceView, device_view
 
 

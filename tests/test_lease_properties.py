@@ -14,7 +14,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from brokerd.contract import Requirement
 from brokerd.devices import Device
 from brokerd.errors import Busy, LeaseError, Unsatisfiable
-from brokerd.leases import Lease, LeaseManager, Request
+from brokerd.lease_model import Lease, Request
+from brokerd.leases import LeaseManager
 from brokerd.permissions import Action, Permissions
 from brokerd.process import Holder
 

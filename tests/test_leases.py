@@ -9,7 +9,8 @@ import pytest
 from brokerd.contract import Requirement
 from brokerd.devices import Device
 from brokerd.errors import Busy, Ended, LeaseError, NotFound, Unsatisfiable
-from brokerd.leases import EXPIRED, HOLDER_EXITED, LOST, RELEASED, REVOKED, Lease, LeaseManager, Request
+from brokerd.lease_model import EXPIRED, HOLDER_EXITED, LOST, RELEASED, REVOKED, Lease, Request
+from brokerd.leases import LeaseManager
 from brokerd.process import Holder, ProcessId
 
 

@@ -15,7 +15,7 @@ from brokerd.config import Config
 from brokerd.contract import Requirement
 from brokerd.devices import Device, Snapshot
 from brokerd.errors import Ended, NotFound, PermissionDenied
-from brokerd.leases import REVOKED, Lease
+from brokerd.lease_model import REVOKED, Lease
 from brokerd.permissions import RULES, Action, Permissions
 from brokerd.process import Holder, Identity
 from brokerd.procinfo import start_time

@@ -11,7 +11,7 @@ from pathlib import Path
 from brokerd.config import Config
 from brokerd.contract import Requirement
 from brokerd.devices import Device, Snapshot
-from brokerd.leases import RELEASED, Lease
+from brokerd.lease_model import RELEASED, Lease
 from brokerd.process import Identity
 from brokerd.procinfo import start_time
 from brokerd.service import BrokerService

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from brokerd.contract import CheckLine
-from brokerd.leases import RELEASED, Lease, LeaseTerms
+from brokerd.lease_model import RELEASED, Lease, LeaseTerms
 from brokerd.process import Holder
 from brokerd.store import DB_NAME, SCHEMA_VERSION, LeaseStore, StateError
 from tests.store_gate import WriterGate

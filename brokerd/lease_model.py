@@ -1,0 +1,65 @@
+"""What the lease manager keeps: a lease, a waiting request, a grant, and the states a
+lease ends in. Plain data; the rules that move it live in brokerd/leases.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from brokerd.contract import CheckLine, Evaluation, Requirement
+from brokerd.process import Holder, ProcessId
+
+ACTIVE = "active"
+RELEASED = "released"
+EXPIRED = "expired"
+REVOKED = "revoked"
+HOLDER_EXITED = "holder_exited"
+LOST = "lost"  # its device vanished or turned unhealthy
+ENDED_STATES = (RELEASED, EXPIRED, REVOKED, HOLDER_EXITED, LOST)
+
+
+@dataclass(frozen=True)
+class LeaseTerms:
+    """What a grant carries besides devices, decided by the daemon's config."""
+
+    allocator_config: str = ""
+    memory_cap_mib: int = 0
+    accelerator_config_yaml: str = ""
+
+
+@dataclass
+class Lease:
+    id: str
+    holder: Holder
+    devices: tuple[str, ...]
+    backend: str
+    granted_at: float
+    expires_at: float = 0.0  # hard end from the maximum duration; 0 = none
+    terms: LeaseTerms = field(default_factory=LeaseTerms)
+    warnings: tuple[CheckLine, ...] = ()
+    simulated: bool = False
+    state: str = ACTIVE
+    end_reason: str = ""
+    ended_at: float = 0.0
+    last_heartbeat: float = 0.0
+    members: set[ProcessId] = field(default_factory=set)  # processes that joined it
+
+    @property
+    def active(self) -> bool:
+        return self.state == ACTIVE
+
+
+@dataclass
+class Request:
+    id: str
+    holder: Holder
+    requirement: Requirement
+    evaluation: Evaluation
+    terms: LeaseTerms
+    since: float
+
+
+@dataclass(frozen=True)
+class Grant:
+    request: Request
+    lease: Lease
