@@ -1,19 +1,22 @@
 """The main job: a broker on a simulated 4-GPU lab server, with several students' training
-scripts contending for its GPUs, so a newcomer sees leasing, queueing and hand-over.
+scripts contending for its GPUs, so a newcomer sees what vaccel does on a shared server.
 
-    python scripts/demo.py            # about a minute on a 2-core machine
+    python scripts/demo.py            # about half a minute on a 2-core machine
     python scripts/demo.py --quick    # fewer epochs
 
 Everything is real except the devices: a real vaccel-brokerd on a real Unix socket, real
-`vaccel run` clients, real torch training (on the CPU, since the GPUs are simulated).
+`vaccel run` clients, real torch training (on the CPU, since the GPUs are simulated). Run
+as root, every student is a real Unix user (demo-alice, ...), created for the demo and
+removed after it, so `vaccel status` and the queue show their names and the kernel, not
+the client, says who is asking. Run as anyone else, every student is you.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -22,7 +25,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from demo_cast import PREFIX, ROOT, Cast
+
 INVENTORY = ROOT / "examples" / "lab-server.yaml"
 CONFIG = """
 [leases]
@@ -30,6 +35,9 @@ heartbeat_ttl = "10s"
 [probe]
 refresh_interval = "5s"
 """
+# What grace's job needs: a Hopper-class GPU. The lab server has none, so the broker
+# refuses her at once instead of letting her wait for a device that can never come.
+NEEDS_H100 = "required_features:\n  - gpu_compute_capability: sm_90\n"
 
 
 @dataclass
@@ -44,70 +52,127 @@ class Job:
     granted: float = 0.0
     finished: float = 0.0
     exit_code: int | None = None
-    pid: int = 0
+    proc: subprocess.Popen[str] | None = None
+    lease_id: str = ""
     result: str = ""
     lines: list[str] = field(default_factory=list)
 
 
-def jobs(epochs: int) -> list[Job]:
+def jobs(epochs: int, stage: Path) -> list[Job]:
     py = sys.executable
-    train = [py, str(ROOT / "examples" / "train.py"), "--epochs", str(epochs)]
-    ddp = [py, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(ROOT / "examples" / "train_ddp.py"),
+    train = [py, str(stage / "examples" / "train.py"), "--epochs", str(epochs)]
+    ddp = [py, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(stage / "examples" / "train_ddp.py"),
            "--epochs", str(epochs)]
     return [
         Job("alice", 0.0, ["--gpus", "2"], ddp),
-        Job("bob", 0.5, ["--gpus", "1"], [*train, "--seed", "1"]),
+        # bob trains longest: the demo kills him half-way to show the hand-over.
+        Job("bob", 0.5, ["--gpus", "1"], [*train[:-1], str(epochs * 4), "--seed", "1"]),
         Job("carol", 1.0, ["--gpus", "1", "--min-memory", "60GiB"], [*train, "--seed", "2"]),
         Job("dave", 1.5, ["--gpus", "2"], [*train, "--seed", "3"]),
         Job("erin", 2.0, ["--gpus", "1"], [*train, "--seed", "4"]),
         Job("frank", 3.0, ["--gpus", "1", "--no-wait"], [*train, "--seed", "5"]),
-        Job("grace", 3.5, ["--gpus", "8"], [*train, "--seed", "6"]),
+        Job("grace", 3.5, ["--gpus", "1", "--contract", str(stage / "needs-h100.yaml")], [*train, "--seed", "6"]),
     ]
 
 
-def say(t0: float, who: str, text: str) -> None:
-    print(f"{time.monotonic() - t0:6.1f}s  {who:<7} {text}", flush=True)
+class Demo:
+    def __init__(self, cast: Cast, socket: Path) -> None:
+        self.cast = cast
+        self.socket = socket
+        self.t0 = time.monotonic()
+        self.lock = threading.Lock()
+
+    def say(self, who: str, text: str) -> None:
+        with self.lock:
+            print(f"{time.monotonic() - self.t0:6.1f}s  {who:<7} {text}", flush=True)
+
+    def vaccel(self, who: str, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "vaccel.cli", *args], capture_output=True, text=True,
+                              timeout=60, **self.cast.popen_args(who, self.socket))  # type: ignore[arg-type]
+
+    def run_job(self, job: Job) -> None:
+        time.sleep(job.start)
+        job.submitted = time.monotonic()
+        shown = " ".join(Path(c).name if "/" in c else c for c in job.command[1:4])
+        self.say(job.name, f"$ vaccel run {' '.join(Path(a).name for a in job.args)} -- {shown} ...")
+        job.proc = subprocess.Popen([sys.executable, "-m", "vaccel.cli", "run", *job.args, "--", *job.command],
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                    **self.cast.popen_args(job.name, self.socket))  # type: ignore[arg-type]
+        assert job.proc.stdout is not None
+        for line in job.proc.stdout:
+            line = line.rstrip()
+            job.lines.append(line)
+            if line.startswith("vaccel: lease") and ": gpu" in line and not job.granted:
+                job.granted = time.monotonic()
+                job.lease_id = line.split()[2].rstrip(":")
+                self.say(job.name, line.removeprefix("vaccel: "))
+            elif line.startswith(("vaccel: waiting", "[ERROR]")):
+                self.say(job.name, line.removeprefix("vaccel: "))
+            elif line.startswith("vaccel:") and "warning" not in line and "simulated" not in line:
+                self.say(job.name, line.removeprefix("vaccel: "))
+            elif "loss" in line and "->" in line:
+                job.result = line.split(";")[-1].strip()
+        job.exit_code = job.proc.wait()
+        job.finished = time.monotonic()
+        status = f"killed by {signal.Signals(-job.exit_code).name}" if job.exit_code < 0 else f"exit {job.exit_code}"
+        self.say(job.name, status + (f" ({job.result})" if job.result else ""))
+
+    def board(self, names: dict[int, str]) -> None:
+        r = self.vaccel("alice", "status", "--json")
+        if r.returncode != 0:
+            return
+        data = json.loads(r.stdout)
+
+        def who(holder: dict) -> str:
+            if self.cast.real_users:
+                return holder["user"].removeprefix(PREFIX)
+            return names.get(holder["pid"], f"pid {holder['pid']}")  # one user: name holders by job
+
+        cells = [f"gpu{d['index']}({d['name'].split()[-1]})={who(d['holder']) if d['holder'] else d['state']}"
+                 for d in data["devices"]]
+        queue = ", ".join(who(q["requester"]) for q in data["queue"]) or "empty"
+        self.say("status", "  ".join(cells) + f"  | queue: {queue}")
+
+    def try_foreign_release(self, thief: str, victim: Job) -> None:
+        if not self.cast.real_users:
+            self.say(thief, "(skipped: releasing another student's lease needs real users; run the demo as root)")
+            return
+        r = self.vaccel(thief, "release", victim.lease_id)
+        self.say(thief, f"$ vaccel release {victim.lease_id}   ({victim.name}'s lease)")
+        self.say(thief, f"exit {r.returncode}: {r.stderr.strip().removeprefix('vaccel: ')}")
+
+    def kill_holder(self, victim: Job, heir: Job) -> float | None:
+        """SIGKILL a holder's `vaccel run`; return the ms until the next student's grant."""
+        if victim.proc is None or victim.proc.poll() is not None or heir.granted:
+            self.say("demo", f"(skipped the kill: {victim.name} is not holding while {heir.name} waits)")
+            return None
+        self.say("demo", f"kill -9 {victim.name}'s vaccel run (pid {victim.proc.pid}), as a crash would")
+        killed = time.monotonic()
+        victim.proc.send_signal(signal.SIGKILL)
+        deadline = killed + 30
+        while not heir.granted and time.monotonic() < deadline:
+            time.sleep(0.001)
+        if not heir.granted:
+            return None
+        handover_ms = (heir.granted - killed) * 1000
+        self.say("demo", f"{victim.name}'s GPU went to {heir.name} {handover_ms:.0f} ms after the kill")
+        return handover_ms
 
 
-def run_job(job: Job, env: dict[str, str], t0: float) -> None:
-    time.sleep(job.start)
-    job.submitted = time.monotonic()
-    cmd = [sys.executable, "-m", "vaccel.cli", "run", *job.args, "--", *job.command]
-    say(t0, job.name, f"$ vaccel run {' '.join(job.args)} -- {' '.join(Path(c).name for c in job.command[1:4])} ...")
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-    job.pid = proc.pid
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        line = line.rstrip()
-        job.lines.append(line)
-        if line.startswith("vaccel: lease") and ": gpu" in line and not job.granted:
-            job.granted = time.monotonic()
-            say(t0, job.name, line.removeprefix("vaccel: "))
-        elif line.startswith("vaccel: waiting"):
-            say(t0, job.name, line.removeprefix("vaccel: "))
-        elif line.startswith("vaccel:") and "warning" not in line:
-            say(t0, job.name, line.removeprefix("vaccel: "))
-        elif "loss" in line and "->" in line:
-            job.result = line.split(";")[-1].strip()
-    job.exit_code = proc.wait()
-    job.finished = time.monotonic()
-    say(t0, job.name, f"exit {job.exit_code}" + (f" ({job.result})" if job.result else ""))
-
-
-def board(env: dict[str, str], t0: float, all_jobs: list[Job]) -> None:
-    r = subprocess.run([sys.executable, "-m", "vaccel.cli", "status", "--json"], env=env, capture_output=True,
-                       text=True)
-    if r.returncode != 0:
-        return
-    data = json.loads(r.stdout)
-    # Everyone is the same Unix user here: name the holders by job.
-    names = {j.pid: j.name for j in all_jobs}
-    cells = []
-    for d in data["devices"]:
-        holder = names.get(d["holder"]["pid"], f"pid {d['holder']['pid']}") if d["holder"] else d["state"]
-        cells.append(f"gpu{d['index']}({d['name'].split()[-1]})={holder}")
-    queue = ", ".join(names.get(q["requester"]["pid"], "?") for q in data["queue"]) or "empty"
-    say(t0, "status", "  ".join(cells) + f"  | queue: {queue}")
+def summary(all_jobs: list[Job], log: Path) -> None:
+    print("\nsummary")
+    print(f"  {'job':<7} {'asked':<36} {'waited':>7} {'ran':>6}  exit  result")
+    for j in all_jobs:
+        waited = f"{j.granted - j.submitted:.1f}s" if j.granted else "-"
+        ran = f"{j.finished - j.granted:.1f}s" if j.granted else "-"
+        result = j.result or next((ln.removeprefix("vaccel: ") for ln in j.lines if ln.startswith("vaccel:")
+                                   and "lease" not in ln and "warning" not in ln), "")
+        asked = " ".join(Path(a).name for a in j.args)
+        print(f"  {j.name:<7} {asked:<36} {waited:>7} {ran:>6}  {j.exit_code!s:>4}  {result}")
+    print("\nbroker log (grants, refusals, ends):")
+    for line in log.read_text().splitlines():
+        if any(word in line for word in (" grant ", " refuse ", " exit ", " released ")):
+            print("  " + line.split(": ", 1)[-1])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,62 +181,67 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the broker's work dir (log, state)")
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="vaccel-demo-"))
+    workdir.chmod(0o755)  # the students reach the socket inside
     (workdir / "brokerd.toml").write_text(CONFIG)
     sock = workdir / "brokerd.sock"
-    env = {**os.environ, "VACCEL_SOCKET": str(sock), "PYTHONUNBUFFERED": "1"}
-    env.pop("VACCEL_LEASE_ID", None)
-    log = (workdir / "brokerd.log").open("w")
-    broker = subprocess.Popen([sys.executable, "-m", "brokerd.main", "--config", str(workdir / "brokerd.toml"),
-                               "--socket", str(sock), "--state-dir", str(workdir / "state"),
-                               "--inventory", str(INVENTORY)], env=env, stdout=log, stderr=subprocess.STDOUT)
-    t0 = time.monotonic()
-    try:
-        while not Path(f"{sock}.id").exists():
-            if broker.poll() is not None:
-                print((workdir / "brokerd.log").read_text(), file=sys.stderr)
-                return 1
-            time.sleep(0.05)
-        print(f"vaccel demo: broker up on {sock} with the simulated lab server {INVENTORY.name}")
-        subprocess.run([sys.executable, "-m", "vaccel.cli", "status"], env=env)
-        print()
-        all_jobs = jobs(2 if args.quick else 4)
-        threads = [threading.Thread(target=run_job, args=(j, env, t0)) for j in all_jobs]
-        for t in threads:
-            t.start()
-        while any(t.is_alive() for t in threads):
-            board(env, t0, all_jobs)
-            time.sleep(2.0)
-        for t in threads:
-            t.join()
-        print("\nsummary")
-        print(f"  {'job':<7} {'asked':<30} {'waited':>7} {'ran':>6}  exit  result")
+    log_path = workdir / "brokerd.log"
+    with Cast(["alice", "bob", "carol", "dave", "erin", "frank", "grace"]) as cast, log_path.open("w") as log:
+        (cast.stage / "needs-h100.yaml").write_text(NEEDS_H100)
+        (cast.stage / "needs-h100.yaml").chmod(0o644)
+        broker = subprocess.Popen([sys.executable, "-m", "brokerd.main", "--config", str(workdir / "brokerd.toml"),
+                                   "--socket", str(sock), "--state-dir", str(workdir / "state"),
+                                   "--inventory", str(INVENTORY)], stdout=log, stderr=subprocess.STDOUT,
+                                  cwd=ROOT)
+        try:
+            return run(Demo(cast, sock), broker, log_path, 2 if args.quick else 4)
+        finally:
+            broker.terminate()
+            broker.wait(10)
+            if args.keep:
+                print(f"broker work dir kept: {workdir}")
+            else:
+                shutil.rmtree(workdir, ignore_errors=True)
+
+
+def run(demo: Demo, broker: subprocess.Popen[bytes], log: Path, epochs: int) -> int:
+    while not Path(f"{demo.socket}.id").exists():
+        if broker.poll() is not None:
+            print(log.read_text(), file=sys.stderr)
+            return 1
+        time.sleep(0.05)
+    who = ("real Unix users demo-alice ... demo-grace" if demo.cast.real_users
+           else "one Unix user (you); run as root to see each student as a real user")
+    print(f"vaccel demo: broker up on {demo.socket} with the simulated lab server {INVENTORY.name}; "
+          f"the students are {who}")
+    print(demo.vaccel("alice", "status").stdout)
+    all_jobs = jobs(epochs, demo.cast.stage)
+    by_name = {j.name: j for j in all_jobs}
+    threads = [threading.Thread(target=demo.run_job, args=(j,)) for j in all_jobs]
+    for t in threads:
+        t.start()
+    events = [(4.5, lambda: demo.try_foreign_release("erin", by_name["alice"])),
+              (5.5, lambda: handover.append(demo.kill_holder(by_name["bob"], by_name["dave"])))]
+    handover: list[float | None] = []
+    while any(t.is_alive() for t in threads):
+        now = time.monotonic() - demo.t0
+        while events and events[0][0] <= now:
+            events.pop(0)[1]()
+        demo.board({j.proc.pid: j.name for j in all_jobs if j.proc is not None})
+        time.sleep(1.0 if events else 2.0)
+    for t in threads:
+        t.join()
+    summary(all_jobs, log)
+    refused = {"frank", "grace"}
+    trained = [j.name for j in all_jobs if j.result]
+    ok = (set(trained) == set(by_name) - refused - {"bob"}
+          and all(by_name[n].exit_code not in (0, None) for n in refused) and bool(handover and handover[0]))
+    print("\ndemo " + ("finished: every job that could run trained, the impossible ones were refused at once, "
+                       "and a crashed holder's GPU went to the next student" if ok
+                       else "FAILED: see the job output above"))
+    if not ok:
         for j in all_jobs:
-            waited = f"{j.granted - j.submitted:.1f}s" if j.granted else "-"
-            ran = f"{j.finished - j.granted:.1f}s" if j.granted else "-"
-            result = j.result or (j.lines[-1].removeprefix("vaccel: ") if j.lines else "")
-            print(f"  {j.name:<7} {' '.join(j.args):<30} {waited:>7} {ran:>6}  {j.exit_code!s:>4}  {result}")
-        print("\nbroker log (grants and releases):")
-        for line in (workdir / "brokerd.log").read_text().splitlines():
-            if " grant " in line or " released " in line or " refuse " in line:
-                print("  " + line.split(": ", 1)[-1])
-        trained = [j for j in all_jobs if j.result]
-        expected_refusals = {"frank", "grace"}
-        ok = len(trained) == len(all_jobs) - len(expected_refusals) and all(
-            j.exit_code != 0 for j in all_jobs if j.name in expected_refusals)
-        print("\ndemo " + ("finished: every job that could run trained, the impossible ones were refused at once"
-                           if ok else "FAILED: see the job output above"))
-        if not ok:
-            for j in all_jobs:
-                print(f"--- {j.name}\n" + "\n".join(j.lines[-15:]))
-        return 0 if ok else 1
-    finally:
-        broker.terminate()
-        broker.wait(10)
-        log.close()
-        if args.keep:
-            print(f"broker work dir kept: {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
+            print(f"--- {j.name}\n" + "\n".join(j.lines[-15:]))
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
