@@ -1,6 +1,7 @@
 """Keep the device picture current and honest: re-probe on a timer (off the event loop),
-distrust a probe that suddenly finds nothing until that persists, tell GPU processes that
-belong to a lease from those that don't, and (if configured) signal the latter.
+distrust a probe that suddenly finds nothing until that persists (at start-up as on every
+refresh: one ProbeDoubt rule), tell GPU processes that belong to a lease from those that
+don't, and (if configured) signal the latter.
 """
 
 from __future__ import annotations
@@ -24,6 +25,40 @@ log = logging.getLogger("vaccel.brokerd")
 PROBE_FAILURES_BEFORE_BELIEVED = 3
 
 
+class ProbeDoubt:
+    """A probe that worked a moment ago and now misses devices is usually a transient
+    driver hiccup: ending every lease on them would be worse. Believe it only when it
+    persists for PROBE_FAILURES_BEFORE_BELIEVED probes in a row."""
+
+    def __init__(self) -> None:
+        self.failures = 0
+
+    def believe(self, missing: list[str]) -> bool:
+        """Whether to adopt a snapshot that misses `missing` (vendors or devices)."""
+        if not missing:
+            self.failures = 0
+            return True
+        self.failures += 1
+        if self.failures < PROBE_FAILURES_BEFORE_BELIEVED:
+            log.warning("the probe missed %s this time; not believing it yet", ", ".join(missing))
+            return False
+        self.failures = 0
+        return True
+
+
+async def boot_snapshot(refresh: Callable[[], Snapshot], held: set[str], pause_s: float) -> Snapshot:
+    """The first picture, under the same rule as every refresh: the state says leases
+    hold `held`, so a probe that misses some of them is believed only once it persists.
+    Probes run in an executor (they block)."""
+    loop = asyncio.get_running_loop()
+    doubt = ProbeDoubt()
+    while True:
+        snapshot = await loop.run_in_executor(None, refresh)
+        if doubt.believe(sorted(held - {d.uuid for d in snapshot.devices})):
+            return snapshot
+        await asyncio.sleep(pause_s)
+
+
 async def probe_forever(
     refresh: Callable[[], Snapshot],
     apply: Callable[[Snapshot], None],
@@ -34,7 +69,7 @@ async def probe_forever(
     """Every `interval_s()` seconds, probe with `refresh` in an executor (probes block) and
     hand the result to `apply`, unless it cannot be believed yet."""
     loop = asyncio.get_running_loop()
-    failures = 0
+    doubt = ProbeDoubt()
     while True:
         await asyncio.sleep(interval_s())
         try:
@@ -42,18 +77,8 @@ async def probe_forever(
         except Exception as exc:  # a failing refresh keeps the last good picture
             log.warning("device refresh failed, keeping the previous inventory: %s", exc)
             continue
-        lost = lost_probes(current(), snapshot)
-        if lost:
-            # A probe that worked a moment ago and now finds nothing is usually a transient
-            # driver hiccup: revoking every lease on it would be worse. Believe it only
-            # when it persists.
-            failures += 1
-            if failures < PROBE_FAILURES_BEFORE_BELIEVED:
-                log.warning("the %s probe found nothing this time; keeping the previous inventory",
-                            ", ".join(lost))
-                continue
-        failures = 0
-        apply(snapshot)
+        if doubt.believe(lost_probes(current(), snapshot)):
+            apply(snapshot)
 
 
 def lost_probes(before: Snapshot, after: Snapshot) -> list[str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
+import dataclasses
 import grp
 import logging
 import os
@@ -24,19 +24,25 @@ import grpc
 from brokerd.config import Config, ConfigError, load_config
 from brokerd.devices import Snapshot
 from brokerd.identity import IdentityServer, TokenAuthority, load_or_create_key
+from brokerd.inventory_watch import boot_snapshot
 from brokerd.journal import log_event, setup_logging
 from brokerd.notify import Notifier
 from brokerd.probes import default_probes, run_probes
 from brokerd.probes.simulated import SimulatedProbe
+from brokerd.rpc_limits import CONNECTION_OPTIONS, add_guarded_servicer, raise_open_files
 from brokerd.service import BrokerService
-from brokerd.servicer import BrokerServicer
+from brokerd.servicer import BrokerServicer, rebuild_request
+from brokerd.state_dir import StateDirInUse, UnsafeStateDir, lock_state_dir
 from brokerd.store import LeaseStore, StateError
 from vaccel_common.paths import identity_socket
-from vaccel_common.v1 import broker_pb2_grpc
 
 log = logging.getLogger("vaccel.brokerd")
 
 MAX_MESSAGE_BYTES = 1 << 20
+# Config fields a reload cannot apply, with the names the config file gives them.
+RESTART_ONLY = {"socket": "server.socket", "state_dir": "server.state_dir", "inventory": "server.inventory",
+                "socket_mode": "server.socket_mode", "socket_group": "server.socket_group",
+                "token_ttl_s": "leases.token_ttl"}
 
 
 class StartupError(Exception):
@@ -53,17 +59,15 @@ def inventory_source(config: Config) -> Callable[[], Snapshot]:
 
 
 def _lock_state_dir(state_dir: Path) -> int:
-    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(state_dir / "brokerd.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
+        return lock_state_dir(state_dir)  # ours alone, no symlinks: brokerd/state_dir.py
+    except UnsafeStateDir as exc:
+        raise StartupError(str(exc)) from None
+    except StateDirInUse:
         raise StartupError(
             f"another vaccel-brokerd already uses the state directory {state_dir}; "
             "stop it first (systemctl stop vaccel-brokerd) or pass another --state-dir"
         ) from None
-    return fd
 
 
 def _prepare_socket(path: Path) -> None:
@@ -102,6 +106,7 @@ class Daemon:
 
     async def run(self) -> int:
         config = self.config
+        raise_open_files()
         lock_fd = _lock_state_dir(config.state_dir)
         # Everything that can refuse to start comes before the state is touched.
         _prepare_socket(config.socket)
@@ -109,23 +114,28 @@ class Daemon:
         store = LeaseStore(config.state_dir)
         try:
             active, ended, drained = store.open()
+            queued = store.queued()
         except StateError as exc:
+            store.close()
             raise StartupError(str(exc)) from exc
         loop = asyncio.get_running_loop()
         source = inventory_source(config)
+        held = {uuid for lease in active for uuid in lease.devices}
         try:
-            snapshot = await loop.run_in_executor(None, source)
+            snapshot = await boot_snapshot(source, held, pause_s=min(config.probe_interval_s or 1.0, 1.0))
         except ValueError as exc:  # a bad simulated inventory file
             store.close()
             raise StartupError(str(exc)) from exc
         service = BrokerService(config, store, snapshot, refresh=source)
         service.restore(active, ended, drained)
+        service.restore_queue(queued, rebuild_request)
 
         server = grpc.aio.server(options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", 16 * MAX_MESSAGE_BYTES),
+            *CONNECTION_OPTIONS,
         ])
-        broker_pb2_grpc.add_BrokerServicer_to_server(BrokerServicer(service, authority), server)
+        add_guarded_servicer(BrokerServicer(service, authority), server)  # undecodable: INVALID_ARGUMENT
         server.add_insecure_port(f"unix:{config.socket}")
         await server.start()
         identity = IdentityServer(authority, identity_socket(config.socket), config.socket_mode)
@@ -162,6 +172,7 @@ class Daemon:
             log_event("stop", "shutting down; leases stay recorded and resume on restart")
             watchdog.cancel()
             await identity.close()
+            service.stopping = True  # streams cut by the shutdown keep their queue places
             await server.stop(grace=1.0)
             await service.close()
             store.close()
@@ -177,14 +188,20 @@ class Daemon:
         except ConfigError as exc:
             log_event("reload", f"configuration rejected, keeping the old one: {exc}", level=logging.ERROR)
         else:
-            immovable = [k for k in ("socket", "state_dir", "inventory") if getattr(new, k) != getattr(self.config, k)]
-            if immovable:
-                log_event("reload", f"{', '.join(immovable)} change only on restart; other settings applied",
-                          level=logging.WARNING)
+            # Read once at start-up (the sockets, the token authority, the state): these
+            # keep their running values until a restart, and every reload says so.
+            immovable = [k for k in RESTART_ONLY if getattr(new, k) != getattr(self.config, k)]
+            new = dataclasses.replace(new, **{k: getattr(self.config, k) for k in immovable})
             self.config = new
             service.reconfigure(new)
             setup_logging(new.log_level)
-            log_event("reload", f"configuration reloaded from {new.source}")
+            if immovable:
+                log_event("reload", f"configuration partly reloaded from {new.source}: "
+                          f"{', '.join(RESTART_ONLY[k] for k in immovable)} need a restart to take effect "
+                          "(systemctl restart vaccel-brokerd); every other setting was applied",
+                          level=logging.WARNING)
+            else:
+                log_event("reload", f"configuration reloaded from {new.source}")
         self.notifier.ready()
         self.notifier.status(service.summary())
 

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable, Hashable
 from brokerd.config import Config
 from brokerd.contract import Requirement, evaluate
 from brokerd.devices import Device, Snapshot
-from brokerd.errors import Busy, DeadlineExceeded, Internal, LeaseError
+from brokerd.errors import Busy, Internal, LeaseError
 from brokerd.inventory_watch import UnleasedSignaller, occupancy_of, probe_forever
 from brokerd.journal import log_event
 from brokerd.lease_model import HOLDER_EXITED, RELEASED, Lease, LeaseTerms
@@ -26,6 +26,9 @@ from brokerd.liveness import ProcessWatcher
 from brokerd.occupancy import Occupancy
 from brokerd.permissions import Action, Permissions
 from brokerd.process import Identity, ProcessId
+from brokerd.queue_record import WaitRecord, WaitRecords
+from brokerd.queueing import LEFT, DurableQueue
+from brokerd.reaper import reap_after_end
 from brokerd.store import LeaseStore
 from brokerd.users import UserDirectory, printable
 from brokerd.views import CheckView, DeviceView, StatusView, device_view, device_views, find_device, leases_of, summary
@@ -38,8 +41,9 @@ log = logging.getLogger("vaccel.brokerd")
 MAX_QUEUED_PER_USER = 64
 
 
-class BrokerService:
-    """What the broker offers its clients, one method per operation, for the servicer."""
+class BrokerService(DurableQueue):
+    """What the broker offers its clients, one method per operation, for the servicer.
+    The queue's half (waiting, pumping, restoring the queue) is brokerd/queueing.py."""
 
     def __init__(
         self,
@@ -62,6 +66,8 @@ class BrokerService:
         self.occupancy = Occupancy()
         self._unleased = UnleasedSignaller()
         self.waiting = WaitingRoom()
+        self.records = WaitRecords()
+        self.stopping = False  # shutting down: streams closing now are not clients leaving
         self._watcher: ProcessWatcher | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._expiry_wakeup = asyncio.Event()
@@ -135,14 +141,28 @@ class BrokerService:
         command: str = "",
         accelerator_config_yaml: str = "",
         cache_key: Hashable | None = None,
+        key: str = "",
+        spec: bytes = b"",
     ) -> AsyncIterator[QueuedUpdate | Lease]:
         """Yield QueuedUpdate while waiting, then the granted Lease (already durable).
-        Leaving the iteration early (the client cancelled) removes the request."""
+        Leaving the iteration early (the client cancelled) removes the request. `key` is
+        the client's name for the request: the same process asking again under it (its
+        stream broke, the broker restarted) takes up its old place. `spec` is what the
+        store keeps to rebuild the request after a restart."""
         assert self._watcher is not None
         self.permissions.require(Action.ACQUIRE, identity)
         holder = self.users.holder(identity, command)
         if not self._watcher.watch(holder.process):
             raise LeaseError(f"process {holder.pid} exited before its request was handled")
+        record = self.records.find(key, identity)
+        resumed = self._resume(record) if record is not None else None
+        if resumed is not None:
+            try:
+                async for item in resumed:
+                    yield item
+            finally:
+                await resumed.aclose()
+            return
         terms = LeaseTerms(
             allocator_config=self.config.allocator_config,
             memory_cap_mib=self.config.memory_cap_mib,
@@ -164,89 +184,24 @@ class BrokerService:
             try:
                 yield outcome
             except GeneratorExit:
-                self._end(outcome.id, RELEASED, "the client left before the grant reached it")
+                if not self.stopping:
+                    self._end(outcome.id, RELEASED, LEFT)
                 raise
             return
         box = self.waiting.open(outcome.id)
+        deadline = 0.0 if max_wait_s is None else time.time() + max_wait_s
+        record = WaitRecord(outcome.id, key, holder, time.time(), deadline, spec)
+        self.records.add(record)
+        # On disk before the waiter hears its place (the commit is awaited in the wait).
+        saved = self.store.save_queued(record)
         log_event("queue", f"{holder.user} (pid {holder.pid}) waits for {requirement.gpus} device(s)",
                   user=holder.user, pid=holder.pid, request_id=outcome.id)
-        self.waiting.announce(self.manager)
-        self.on_change()
-        delivered = False
-        lease: Lease | None = None
-        deadline = None if max_wait_s is None else time.monotonic() + max_wait_s
+        waiting = self._wait_in_queue(record, box, saved)
         try:
-            while True:
-                timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-                try:
-                    update = await box.receive(timeout)
-                except TimeoutError:
-                    raise DeadlineExceeded(
-                        f"gave up after waiting {max_wait_s:.0f}s; {self.manager.holders_summary()}"
-                    ) from None
-                if isinstance(update, Lease):
-                    lease = update
-                    yield lease
-                    delivered = True
-                    return
-                yield update
+            async for item in waiting:
+                yield item
         finally:
-            self.waiting.close(outcome.id)
-            if self.manager.cancel(outcome.id):
-                log_event("dequeue", f"{holder.user} (pid {holder.pid}) left the queue",
-                          user=holder.user, pid=holder.pid, request_id=outcome.id)
-                self._forget_if_idle(holder.process)
-                self.waiting.announce(self.manager)
-                self._spawn(self._pump())
-                self.on_change()
-            elif not delivered:
-                # Granted while the client was leaving (cancelled, gave up): the grant may be
-                # in hand or still in the mailbox. Hand the devices straight back.
-                for grant in ([lease] if lease is not None else []) + box.unread_grants():
-                    if grant.active:
-                        self._end(grant.id, RELEASED, "the client left before the grant reached it")
-
-    async def _persist_grant(self, lease: Lease) -> None:
-        saved = self.store.save_grant(lease)
-        try:
-            await asyncio.shield(saved)
-        except asyncio.CancelledError:
-            # The client left while its grant was being recorded: once it is on disk, end it.
-            self._spawn(self._hand_back_when_saved(saved, lease))
-            raise
-        except Exception as exc:
-            self.manager.rollback(lease.id)
-            log.error("could not record grant %s: %s", lease.id, exc)
-            raise Internal(f"the broker could not record the grant durably: {exc}") from exc
-        user = lease.holder.user
-        log_event("grant", f"granted {', '.join(lease.devices)} to {user} (pid {lease.holder.pid})",
-                  lease_id=lease.id, user=user, device_uuids=lease.devices, pid=lease.holder.pid)
-        self._expiry_wakeup.set()
-        self.on_change()
-
-    async def _hand_back_when_saved(self, saved: asyncio.Future[None], lease: Lease) -> None:
-        try:
-            await saved
-        except Exception:  # not recorded: nothing to hand back but the memory
-            self.manager.rollback(lease.id)
-            return
-        if lease.active:
-            self._end(lease.id, RELEASED, "the client left before the grant reached it")
-
-    async def _pump(self) -> None:
-        """Grant what the queue can now have; each grant is durable before its waiter hears."""
-        grants = self.manager.pump()
-        for grant in grants:
-            try:
-                await self._persist_grant(grant.lease)
-            except Internal as exc:
-                self.waiting.post(grant.request.id, exc)  # the waiter hears of it rather than waiting forever
-                continue
-            # Posted after the commit: a waiter that left meanwhile gets its devices handed back.
-            if not self.waiting.post(grant.request.id, grant.lease):
-                self._end(grant.lease.id, RELEASED, "the client left before the grant reached it")
-        if grants:
-            self.waiting.announce(self.manager)
+            await waiting.aclose()
 
     # -- lease operations --------------------------------------------------------------
 
@@ -300,6 +255,7 @@ class BrokerService:
         writer commits in queue order, so a grant of the freed devices (queued later by
         the pump) can never be committed before this end."""
         saved = self.store.save_end(lease)
+        self.records.drop_lease(lease.id)
         self._forget_if_idle(lease.holder.process)
         for member in lease.members:
             self._forget_if_idle(member)
@@ -307,6 +263,7 @@ class BrokerService:
                   f"lease {lease.id} of {lease.holder.user} ended ({lease.state}): {lease.end_reason}",
                   lease_id=lease.id, user=lease.holder.user, device_uuids=lease.devices,
                   state=lease.state)
+        reap_after_end(lease, self.ttl_s)  # not a release: what still runs under it is stopped
         self._spawn(self._pump())
         self.on_change()
         return saved
@@ -329,6 +286,8 @@ class BrokerService:
             log_event("dequeue", f"pid {process.pid} left the queue (exited)", user=request.holder.user,
                       pid=process.pid, request_id=request.id)
             self.waiting.close(request.id, QueuedUpdate(0, 0, "holder exited", ()))
+            self.records.drop(request.id)
+            self._spawn(self._saved(self.store.save_dequeued(request.id)))
         for lease in ended:
             self._spawn(self._logged(self._record_end(lease)))
         if dropped:

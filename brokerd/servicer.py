@@ -24,6 +24,7 @@ from brokerd.process import Holder, Identity
 from brokerd.service import BrokerService
 from brokerd.views import DeviceView
 from brokerd.waiting import QueuedUpdate
+from brokerd.work_guard import WorkGuard
 from vaccel_common.auth import TOKEN_METADATA_KEY
 from vaccel_common.v1 import broker_pb2 as pb
 from vaccel_common.v1 import broker_pb2_grpc
@@ -75,6 +76,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     def __init__(self, service: BrokerService, authority: TokenAuthority) -> None:
         self.service = service
         self.authority = authority
+        self.guard = WorkGuard()  # contract parsing and evaluation: off the loop, per-user bounded
 
     # -- helpers -----------------------------------------------------------------------
 
@@ -123,13 +125,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         if problem:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         try:
-            requirement: Requirement = requirement_from_request(
-                request.gpus, request.min_memory_mib, request.runtime_spec_yaml,
-                request.runtime_spec_name or "runtime-spec.yaml", request.accelerator_config_yaml,
-                request.accelerator_config_name or "accelerator-config.yaml", request.client,
-            )
-        except ContractError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            requirement: Requirement = await self.guard.requirement(
+                identity.uid, request, self.service.snapshot.devices)
+        except (ContractError, LeaseError) as exc:
+            await self._fail(context, exc)
         wait = request.wait_forever or request.max_wait_seconds > 0
         max_wait = None if request.wait_forever else request.max_wait_seconds
         # Everything the evaluation depends on, so equal requests share one evaluation.
@@ -138,12 +137,14 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         updates = self.service.acquire(
             identity, requirement, wait=wait, max_wait_s=max_wait, command=request.command[:200],
             accelerator_config_yaml=request.accelerator_config_yaml, cache_key=cache_key,
+            key=request.request_key[:64], spec=request.SerializeToString(),
         )
         try:
             async for update in updates:
                 if isinstance(update, QueuedUpdate):
                     queued = pb.Queued(position=update.position, total=update.total, message=update.message,
-                                       held=[view_pb(view) for view in update.held])
+                                       held=[view_pb(view) for view in update.held],
+                                       request_id=update.request_id)
                     yield pb.AcquireUpdate(queued=queued)
                 else:
                     yield pb.AcquireUpdate(granted=self.lease_pb(update))
@@ -231,13 +232,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         if len(request.runtime_spec_yaml) > MAX_TEXT or len(request.accelerator_config_yaml) > MAX_TEXT:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "contract file larger than 256 KiB")
         try:
-            requirement = requirement_from_request(
-                max(request.gpus, 1), max(request.min_memory_mib, 0), request.runtime_spec_yaml,
-                request.runtime_spec_name or "runtime-spec.yaml", request.accelerator_config_yaml,
-                request.accelerator_config_name or "accelerator-config.yaml", request.client,
-            )
-        except ContractError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            requirement = await self.guard.requirement(
+                identity.uid, request, self.service.snapshot.devices, check=True)
+        except (ContractError, LeaseError) as exc:
+            await self._fail(context, exc)
         try:
             check = self.service.check(identity, requirement)
         except LeaseError as exc:
@@ -253,6 +251,18 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             ))
         reply.suggestions.extend(evaluation.suggestions)
         return reply
+
+
+def rebuild_request(spec: bytes) -> tuple[Requirement, str]:
+    """A queued request recorded as it arrived (`spec`), as the service takes it again
+    after a restart: its requirement and its accelerator config."""
+    request = pb.AcquireRequest.FromString(spec)
+    requirement = requirement_from_request(
+        request.gpus, request.min_memory_mib, request.runtime_spec_yaml,
+        request.runtime_spec_name or "runtime-spec.yaml", request.accelerator_config_yaml,
+        request.accelerator_config_name or "accelerator-config.yaml", request.client,
+    )
+    return requirement, request.accelerator_config_yaml
 
 
 def heartbeat_interval(ttl_s: float) -> float:

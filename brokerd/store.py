@@ -6,7 +6,8 @@ flight are grouped into the next transaction (group commit), so 32 clients cost 
 one fsync per batch rather than one each.
 
 The `holdings` table has the device uuid as its primary key, so the database itself
-refuses a second live lease on a device even if the manager had a bug.
+refuses a second live lease on a device even if the manager had a bug. The wait queue is
+kept the same way: a waiting request is on disk before its client hears its position.
 
 At start-up the store refuses a file it cannot trust (not SQLite, failed integrity
 check, unknown schema, holdings out of step with leases) with a message that says what
@@ -29,6 +30,7 @@ from pathlib import Path
 from brokerd.contract import CheckLine
 from brokerd.lease_model import ACTIVE, Lease, LeaseTerms
 from brokerd.process import Holder, ProcessId
+from brokerd.queue_record import WaitRecord
 
 log = logging.getLogger("vaccel.brokerd")
 
@@ -55,6 +57,15 @@ CREATE TABLE IF NOT EXISTS holdings (
 );
 CREATE INDEX IF NOT EXISTS leases_state ON leases(state);
 CREATE TABLE IF NOT EXISTS drained (device_uuid TEXT PRIMARY KEY, reason TEXT NOT NULL);
+-- The wait queue, in rowid order. A granted request keeps its row (with lease_id) until
+-- its waiter has the grant, so a waiter cut off by a restart still finds it.
+CREATE TABLE IF NOT EXISTS queue (
+    id TEXT PRIMARY KEY, request_key TEXT NOT NULL,
+    uid INTEGER NOT NULL, gid INTEGER NOT NULL, pid INTEGER NOT NULL,
+    start_time INTEGER NOT NULL, user TEXT NOT NULL, command TEXT NOT NULL,
+    since REAL NOT NULL, deadline REAL NOT NULL, spec BLOB NOT NULL,
+    lease_id TEXT NOT NULL DEFAULT ''
+);
 """
 
 
@@ -187,13 +198,17 @@ class LeaseStore:
             self._ops.put((op, future))
         return future
 
-    def save_grant(self, lease: Lease) -> asyncio.Future[None]:
+    def save_grant(self, lease: Lease, request_id: str = "") -> asyncio.Future[None]:
+        """Record a grant (of queued request `request_id`, if any) as it is now: a lease
+        that has already ended gets its row but never a device holding."""
         row = _lease_row(lease)
-        holdings = [(u, lease.id) for u in lease.devices]
+        holdings = [(u, lease.id) for u in lease.devices] if lease.active else []
 
         def op(conn: sqlite3.Connection) -> None:
             conn.execute(f"INSERT INTO leases VALUES ({','.join('?' * len(row))})", row)
             conn.executemany("INSERT INTO holdings VALUES (?, ?)", holdings)
+            if request_id:
+                conn.execute("UPDATE queue SET lease_id=? WHERE id=?", (lease.id, request_id))
 
         return self._submit(op)
 
@@ -203,6 +218,7 @@ class LeaseStore:
         def op(conn: sqlite3.Connection) -> None:
             conn.execute("DELETE FROM holdings WHERE lease_id=?", (lease.id,))
             conn.execute("UPDATE leases SET state=?, ended_at=?, end_reason=? WHERE id=?", args)
+            conn.execute("DELETE FROM queue WHERE lease_id=?", (lease.id,))
 
         return self._submit(op)
 
@@ -213,6 +229,44 @@ class LeaseStore:
             conn.execute("UPDATE leases SET members=? WHERE id=?", args)
 
         return self._submit(op)
+
+    def save_queued(self, record: WaitRecord) -> asyncio.Future[None]:
+        """A request joins the end of the queue."""
+        h = record.holder
+        row = (record.request_id, record.key, h.uid, h.gid, h.pid, h.start_time, h.user, h.command,
+               record.since, record.deadline, record.spec)
+
+        def op(conn: sqlite3.Connection) -> None:
+            conn.execute("INSERT INTO queue VALUES (?,?,?,?,?,?,?,?,?,?,?,'')", row)
+
+        return self._submit(op)
+
+    def save_dequeued(self, request_id: str) -> asyncio.Future[None]:
+        """A request left the queue (gave up, its process exited) or its waiter has its grant."""
+        def op(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM queue WHERE id=?", (request_id,))
+
+        return self._submit(op)
+
+    def queued(self) -> list[WaitRecord]:
+        """After open(): the recorded queue in order, granted-but-undelivered requests
+        (`lease_id` set, their lease still active) among them. Rows of grants whose lease
+        has ended are dropped."""
+        conn = self._conn
+        assert conn is not None, "open() first"
+        try:
+            records = [
+                WaitRecord(r["id"], r["request_key"],
+                           Holder(r["uid"], r["gid"], r["pid"], r["start_time"], r["user"], r["command"]),
+                           r["since"], r["deadline"], bytes(r["spec"]), r["lease_id"])
+                for r in conn.execute("SELECT * FROM queue ORDER BY rowid")
+            ]
+        except (sqlite3.DatabaseError, ValueError, TypeError, KeyError, IndexError) as exc:
+            raise StateError(self._refusal(f"a queue record is malformed ({exc})")) from exc
+        active = {r[0] for r in conn.execute("SELECT id FROM leases WHERE state=?", (ACTIVE,))}
+        stale = [r.request_id for r in records if r.lease_id and r.lease_id not in active]
+        conn.executemany("DELETE FROM queue WHERE id=?", [(i,) for i in stale])
+        return [r for r in records if r.request_id not in stale]
 
     def save_drain(self, uuid: str, reason: str, undo: bool) -> asyncio.Future[None]:
         def op(conn: sqlite3.Connection) -> None:
@@ -301,4 +355,6 @@ def _resolve(future: asyncio.Future[None], error: BaseException | None) -> None:
         else:
             future.set_exception(error)
 
-    future.get_loop().call_soon_threadsafe(settle)
+    loop = future.get_loop()
+    if not loop.is_closed():  # else nobody is left to hear of it (a test's loop ended first)
+        loop.call_soon_threadsafe(settle)

@@ -22,6 +22,7 @@ class QueuedUpdate:
     total: int
     message: str
     held: tuple[DeviceView, ...]  # the devices leased right now
+    request_id: str = ""
 
 
 @dataclass
@@ -55,14 +56,28 @@ class WaitingRoom:
         self._boxes: dict[str, Mailbox] = {}
 
     def open(self, request_id: str) -> Mailbox:
+        """A mailbox for the request's waiter. A waiter that came back on a new stream
+        replaces its old one, whose stream is told to stop."""
+        old = self._boxes.get(request_id)
+        if old is not None:
+            old.items.put_nowait(LeaseError("this request was taken up again by a newer stream"))
         box = self._boxes[request_id] = Mailbox()
         return box
 
-    def close(self, request_id: str, last_word: QueuedUpdate | None = None) -> None:
-        """Nothing more will be posted for this request; `last_word` is its final item."""
-        box = self._boxes.pop(request_id, None)
-        if box is not None and last_word is not None:
-            box.items.put_nowait(last_word)
+    def attached(self, request_id: str) -> bool:
+        """Whether someone is waiting on a stream for this request."""
+        return request_id in self._boxes
+
+    def close(self, request_id: str, last_word: QueuedUpdate | None = None, *, box: Mailbox | None = None) -> bool:
+        """Nothing more will be posted for this request; `last_word` is its final item.
+        With `box`: only if that is still the request's mailbox; False when it was not."""
+        current = self._boxes.get(request_id)
+        if current is None or (box is not None and current is not box):
+            return box is None
+        del self._boxes[request_id]
+        if last_word is not None:
+            current.items.put_nowait(last_word)
+        return True
 
     def post(self, request_id: str, item: Lease | LeaseError) -> bool:
         """Hand a grant or an error to the waiter; False when nobody waits for it any more."""
@@ -89,4 +104,4 @@ class WaitingRoom:
             n = request.requirement.gpus
             message = (f"waiting for {n} GPU{'s' if n > 1 else ''}: position {position[0]} "
                        f"of {position[1]}; {summary}")
-            box.items.put_nowait(QueuedUpdate(position[0], position[1], message, held))
+            box.items.put_nowait(QueuedUpdate(position[0], position[1], message, held, request.id))

@@ -1,32 +1,50 @@
-"""A stateful property test of the lease manager: any interleaving of requests, releases,
-cancellations, heartbeats, expiries, holder deaths, inventory changes and restarts keeps
-the invariants (never two live leases on one device, all-or-nothing grants, queued
-requests hold nothing, a restart restores exactly the live leases)."""
+"""A stateful property test of the lease manager with the real store in the loop: any
+interleaving of requests, releases, cancellations, heartbeats, expiries, holder deaths,
+inventory changes and restarts keeps the invariants (never two live leases on one device,
+all-or-nothing grants, queued requests hold nothing), every change is written through
+the SQLite store as the service writes it, the store and the manager agree after every
+step, and a restart reopens the file (not a copy in memory) to get exactly the live
+leases and the queue, in order, back."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import shutil
+import sqlite3
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
 
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from brokerd.contract import Requirement
+from brokerd.contract import Requirement, evaluate
 from brokerd.devices import Device
 from brokerd.errors import Busy, LeaseError, Unsatisfiable
-from brokerd.lease_model import Lease, Request
+from brokerd.lease_model import Lease, LeaseTerms, Request
 from brokerd.leases import LeaseManager
 from brokerd.permissions import Action, Permissions
 from brokerd.process import Holder
+from brokerd.queue_record import WaitRecord
+from brokerd.store import DB_NAME, LeaseStore
 
 N_DEVICES = 4
 HOLDERS = [Holder(1000 + i, 1000 + i, 100 + i, 7, f"user{i}") for i in range(4)]
+# tmpfs where there is one: the commits are real, their fsyncs need not be slow.
+SCRATCH = "/dev/shm" if Path("/dev/shm").is_dir() else None
 
 
 def device(i: int, healthy: bool = True) -> Device:
     # Two sizes so memory requirements make some devices ineligible.
     return Device(index=i, uuid=f"GPU-{i}", vendor="nvidia", name=f"card{i}",
                   memory_mib=(80 if i < 2 else 24) * 1024, backend="cuda", arch="sm_80", healthy=healthy)
+
+
+def requirement_of(spec: bytes) -> Requirement:
+    gpus, memory = spec.decode().split(":")
+    return Requirement(int(gpus), min_memory_mib=int(memory))
 
 
 class LeaseMachine(RuleBasedStateMachine):
@@ -36,8 +54,18 @@ class LeaseMachine(RuleBasedStateMachine):
         self.ids = itertools.count()
         self.present = set(range(N_DEVICES))
         self.sick: set[int] = set()
-        self.manager = self._new_manager()
         self.granted: list[Lease] = []
+        self.dir = Path(tempfile.mkdtemp(prefix="vaccel-props-", dir=SCRATCH))
+        self.loop = asyncio.new_event_loop()
+        self.store = LeaseStore(self.dir)
+        self.store.open()
+        self.manager = self._new_manager()
+
+    def teardown(self) -> None:
+        if hasattr(self, "store"):
+            self.store.close()
+            self.loop.close()
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     def _new_manager(self) -> LeaseManager:
         return LeaseManager(self._devices(), ttl_s=10, max_duration_s=100, clock=lambda: self.now,
@@ -46,14 +74,39 @@ class LeaseMachine(RuleBasedStateMachine):
     def _devices(self) -> list[Device]:
         return [device(i, i not in self.sick) for i in sorted(self.present)]
 
+    # -- the store, written as the service writes it ----------------------------------
+
+    def _write(self, *saves: Callable[[], asyncio.Future[None]]) -> None:
+        """Queue the saves in this order (as the service does, at the moment each change
+        happens in memory), then wait until the writer has committed them all."""
+        async def commit() -> None:
+            await asyncio.gather(*[save() for save in saves])
+
+        self.loop.run_until_complete(commit())
+
+    def _ended(self, leases: list[Lease]) -> None:
+        self._write(*[lambda lease=lease: self.store.save_end(lease) for lease in leases])
+
+    def _granted(self, grants: list[tuple[Lease, str]]) -> None:
+        # A grant is written with its request's row, and the row goes once delivered.
+        saves = []
+        for lease, request_id in grants:
+            saves.append(lambda lease=lease, r=request_id: self.store.save_grant(lease, r))
+            if request_id:
+                saves.append(lambda r=request_id: self.store.save_dequeued(r))
+        self._write(*saves)
+
     def _record(self, leases: list[Lease]) -> None:
         for lease in leases:
             assert len(lease.devices) == len(set(lease.devices))
             self.granted.append(lease)
 
+    # -- rules -------------------------------------------------------------------------
+
     @rule(holder=st.sampled_from(HOLDERS), gpus=st.integers(1, 5), big=st.booleans(), wait=st.booleans())
     def submit(self, holder: Holder, gpus: int, big: bool, wait: bool) -> None:
-        requirement = Requirement(gpus, min_memory_mib=40 * 1024 if big else 0)
+        memory = 40 * 1024 if big else 0
+        requirement = Requirement(gpus, min_memory_mib=memory)
         before = dict(self.manager.owner)
         try:
             outcome = self.manager.submit(holder, requirement, wait=wait)
@@ -65,9 +118,12 @@ class LeaseMachine(RuleBasedStateMachine):
             if big:
                 assert all(int(u.split("-")[1]) < 2 for u in outcome.devices)
             self._record([outcome])
+            self._granted([(outcome, "")])
         else:
             assert isinstance(outcome, Request) and wait
             assert self.manager.owner == before
+            record = WaitRecord(outcome.id, f"k{outcome.id}", holder, outcome.since, 0.0, f"{gpus}:{memory}".encode())
+            self._write(lambda: self.store.save_queued(record))
 
     @rule(data=st.data(), admin=st.booleans())
     @precondition(lambda self: self.manager.leases)
@@ -78,23 +134,26 @@ class LeaseMachine(RuleBasedStateMachine):
         try:
             # As the service does it: the permission first, then the manager.
             permissions.require(Action.RELEASE, who, self.manager.active(lease.id))
-            self.manager.release(lease.id, who.uid)
+            ended = self.manager.release(lease.id, who.uid)
         except LeaseError:
             assert who.uid != lease.holder.uid and not admin
             assert lease.active
             return
         assert not lease.active
+        self._ended([ended])
 
     @rule(data=st.data())
     @precondition(lambda self: self.manager.queue)
     def cancel(self, data: st.DataObject) -> None:
         request = data.draw(st.sampled_from(self.manager.queue))
         assert self.manager.cancel(request.id)
+        self._write(lambda: self.store.save_dequeued(request.id))
 
     @rule()
     def pump(self) -> None:
         grants = self.manager.pump()
         self._record([g.lease for g in grants])
+        self._granted([(g.lease, g.request.id) for g in grants])
 
     @rule(seconds=st.floats(0, 30), beat=st.booleans())
     def time_passes(self, seconds: float, beat: bool) -> None:
@@ -102,14 +161,18 @@ class LeaseMachine(RuleBasedStateMachine):
         if beat:
             for lease in list(self.manager.leases.values()):
                 self.manager.heartbeat(lease.id)
-        for lease in self.manager.expire():
+        expired = self.manager.expire()
+        for lease in expired:
             assert not lease.active
+        self._ended(expired)
 
     @rule(holder=st.sampled_from(HOLDERS))
     def holder_dies(self, holder: Holder) -> None:
-        ended, _ = self.manager.process_exited(holder.process)
+        ended, dropped = self.manager.process_exited(holder.process)
         assert all(lease.holder == holder for lease in ended)
         assert not any(r.holder == holder for r in self.manager.queue)
+        self._ended(ended)
+        self._write(*[lambda r=r: self.store.save_dequeued(r.id) for r in dropped])
 
     @rule(index=st.integers(0, N_DEVICES - 1), vanish=st.booleans())
     def device_changes(self, index: int, vanish: bool) -> None:
@@ -117,7 +180,7 @@ class LeaseMachine(RuleBasedStateMachine):
             self.present ^= {index}
         else:
             self.sick ^= {index}
-        self.manager.set_inventory(self._devices())
+        self._ended(self.manager.set_inventory(self._devices()))
         for lease in self.manager.leases.values():
             for uuid in lease.devices:
                 i = int(uuid.split("-")[1])
@@ -125,14 +188,28 @@ class LeaseMachine(RuleBasedStateMachine):
 
     @rule()
     def restart(self) -> None:
-        """The daemon restarts: a new manager gets exactly the live leases back."""
-        live = list(self.manager.leases.values())
+        """The daemon restarts: the store is closed, the file reopened, and a new manager
+        gets back what the file holds: exactly the live leases and the queue in order."""
+        live = {lease.id for lease in self.manager.leases.values()}
+        queue = [r.id for r in self.manager.queue]
+        self.store.close()
+        self.store = LeaseStore(self.dir)
+        active, _ended, _drained = self.store.open()
+        records = self.store.queued()
         fresh = self._new_manager()
-        for lease in live:
+        for lease in active:
             fresh.restore(lease)
-        fresh.set_inventory(self._devices())
-        assert set(fresh.leases) == {lease.id for lease in live}
+        assert not any(r.lease_id for r in records), "a delivered grant left its request behind"
+        for r in records:
+            requirement = requirement_of(r.spec)
+            evaluation = evaluate(requirement, list(fresh.devices.values()))
+            fresh.queue.append(Request(r.request_id, r.holder, requirement, evaluation, LeaseTerms(), r.since))
+        assert set(fresh.leases) == live
+        assert [r.id for r in fresh.queue] == queue
+        self._ended(fresh.set_inventory(self._devices()))
         self.manager = fresh
+
+    # -- invariants --------------------------------------------------------------------
 
     @invariant()
     def invariants_hold(self) -> None:
@@ -141,6 +218,19 @@ class LeaseMachine(RuleBasedStateMachine):
         assert len(live_devices) == len(set(live_devices)), "two live leases on one device"
         for uuid in live_devices:
             assert self.manager.device_state(uuid) == "leased"
+
+    @invariant()
+    def store_agrees_with_the_manager(self) -> None:
+        conn = sqlite3.connect(self.dir / DB_NAME)
+        try:
+            active = {r[0] for r in conn.execute("SELECT id FROM leases WHERE state='active'")}
+            holdings = dict(conn.execute("SELECT device_uuid, lease_id FROM holdings"))
+            queue = [r[0] for r in conn.execute("SELECT id FROM queue WHERE lease_id='' ORDER BY rowid")]
+        finally:
+            conn.close()
+        assert active == set(self.manager.leases), "active leases on disk differ from the manager's"
+        assert holdings == self.manager.owner, "device holdings on disk differ from the manager's"
+        assert queue == [r.id for r in self.manager.queue], "the queue on disk differs from the manager's"
 
 
 LeaseMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)

@@ -7,14 +7,16 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from pathlib import Path
 
 import grpc
 import pytest
 from vaccel import facts
+from vaccel.acquisition import read_acquire
 from vaccel.connection import BrokerUnavailable
 from vaccel.lease_types import Lease, LeaseError
-from vaccel.session import LeaseRequest, LeaseSession, read_acquire, wait_fields
+from vaccel.session import LeaseRequest, LeaseSession, wait_fields
 
 from tests.conftest import Broker
 from vaccel_common.v1 import broker_pb2 as pb
@@ -258,6 +260,10 @@ def test_a_background_wait_is_told_of_the_grant_and_can_be_cancelled(broker: Bro
     quitter = LeaseSession(broker.socket)
     try:
         pending = waiter.acquire_in_background(LeaseRequest(gpus=1), on_done=woken.set)
+        # The waiter queues first: only then does the quitter join, behind it.
+        deadline = time.monotonic() + 15
+        while not queue and time.monotonic() < deadline:
+            time.sleep(0.01)
         leaving = quitter.acquire_in_background(LeaseRequest(gpus=1))
         assert not pending.wait(1.0), "granted while every device was held"
         assert any("position 1" in m for m in queue), queue
@@ -310,3 +316,29 @@ def test_join_shares_a_lease_without_releasing_it(broker: Broker, no_facts) -> N
         assert owner.release() is True
         with pytest.raises(LeaseError):
             member.join("l-doesnotexist")
+
+
+def test_a_broker_that_hangs_up_before_the_token_is_unavailable(tmp_path: Path) -> None:
+    """A broker dying mid-handshake (accepts the identity connection, then closes it) is a
+    broker that cannot be reached right now, never a crash of the client."""
+    import socket as sockets
+
+    from vaccel.connection import BrokerConnection
+
+    grpc_socket = tmp_path / "brokerd.sock"
+    listener = sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM)
+    listener.bind(str(tmp_path / "brokerd.sock.id"))
+    listener.listen(1)
+
+    def hang_up() -> None:
+        conn, _ = listener.accept()
+        conn.close()
+
+    server = threading.Thread(target=hang_up, daemon=True)
+    server.start()
+    try:
+        with pytest.raises(BrokerUnavailable, match="closed the connection before answering"):
+            BrokerConnection(grpc_socket)._mint_token()
+    finally:
+        server.join(5)
+        listener.close()

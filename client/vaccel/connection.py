@@ -22,6 +22,10 @@ from vaccel_common.paths import client_socket, identity_socket
 from vaccel_common.v1 import broker_pb2_grpc
 
 _RENEW_BEFORE_S = 60.0
+# After a broker restart the channel must find the new one within a moment, not after
+# gRPC's default reconnect backoff (which grows to two minutes).
+_CHANNEL_OPTIONS = [("grpc.enable_retries", 0), ("grpc.initial_reconnect_backoff_ms", 100),
+                    ("grpc.min_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 1000)]
 
 
 # The pid of the process that first opened a channel. gRPC (with its fork handlers off,
@@ -31,7 +35,12 @@ _GRPC_PID: int | None = None
 
 
 class BrokerUnavailable(ConnectionError):
-    """The broker cannot be reached; the message says where we looked and what to try."""
+    """The broker cannot be reached; the message says where we looked and what to try.
+    `transient` is False where trying again cannot help (a forked child, an impostor's folder)."""
+
+    def __init__(self, message: str, *, transient: bool = True) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 def _unreachable(path: Path, why: str) -> BrokerUnavailable:
@@ -52,7 +61,7 @@ def _check_fallback_folder(path: Path) -> None:
         return
     if owner != os.getuid():
         raise BrokerUnavailable(f"refusing {path}: its folder belongs to uid {owner}, not to you; remove it "
-                                "and restart your broker, or set VACCEL_SOCKET")
+                                "and restart your broker, or set VACCEL_SOCKET", transient=False)
 
 
 class BrokerConnection:
@@ -88,6 +97,9 @@ class BrokerConnection:
             raise _unreachable(self.path, exc.strerror or str(exc)) from None
         finally:
             sock.close()
+        if not data:  # accepted, then closed: a broker dying or restarting right now
+            raise _unreachable(self.path, "the broker closed the connection before answering")
+        reply: Any = None
         try:
             reply = json.loads(data)
             self._token, self._token_expires = reply["token"], float(reply["expires"])
@@ -103,17 +115,33 @@ class BrokerConnection:
                     raise BrokerUnavailable(
                         "cannot talk to the vaccel broker from a process forked after its parent "
                         "used the broker (gRPC is not fork-safe); start workers with the 'spawn' "
-                        "method, or use the parent's lease: its devices are already visible here"
+                        "method, or use the parent's lease: its devices are already visible here",
+                        transient=False,
                     )
                 _GRPC_PID = os.getpid()
-                self._channel = grpc.insecure_channel(
-                    f"unix:{self.path}", options=[("grpc.enable_retries", 0)])
+                self._channel = grpc.insecure_channel(f"unix:{self.path}", options=_CHANNEL_OPTIONS)
                 self._stub = broker_pb2_grpc.BrokerStub(self._channel)
                 self._token, self._token_expires, self._pid = "", 0.0, os.getpid()
             if not self._token or self._token_expires - time.time() < _RENEW_BEFORE_S:
                 self._mint_token()
             assert self._stub is not None
             return self._stub
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Whether the broker's gRPC socket accepts us within `timeout` seconds (the
+        channel's reconnect backoff included). Raises BrokerUnavailable when its identity
+        socket cannot even be reached."""
+        self._ensure()
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=max(timeout, 0.0))
+        except grpc.FutureTimeoutError:
+            return False
+        return True
+
+    def forget_token(self) -> None:
+        """The broker refused our token (it has a new key): mint a new one on the next call."""
+        with self._lock:
+            self._token = ""
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
         return ((TOKEN_METADATA_KEY, self._token),)

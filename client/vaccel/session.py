@@ -27,10 +27,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 import grpc
 
+from vaccel.acquisition import Acquisition
 from vaccel.connection import BrokerConnection, BrokerUnavailable
 from vaccel.contract_files import ContractFiles, load_contract_files
 from vaccel.lease_types import Lease, LeaseError
@@ -107,9 +107,10 @@ class PendingGrant:
     for signals). `done` is set the moment the stream ends, granted or not; a caller that
     wants to wake on the grant instead of polling passes `on_done` (run on the worker)."""
 
-    def __init__(self, session: LeaseSession, call: Any, on_done: Callable[[], None] | None) -> None:
+    def __init__(self, session: LeaseSession, acquisition: Acquisition,
+                 on_done: Callable[[], None] | None) -> None:
         self._session = session
-        self._call = call
+        self._acquisition = acquisition
         self._on_done = on_done
         self._granted: pb.Lease | None = None
         self._error: BaseException | None = None
@@ -120,7 +121,7 @@ class PendingGrant:
 
     def _consume(self) -> None:
         try:
-            self._granted = read_acquire(self._call, self._session.on_queue)
+            self._granted = self._acquisition.run()
         except BaseException as exc:  # handed to the caller's thread by result()
             self._error = exc
         self.done.set()
@@ -133,7 +134,7 @@ class PendingGrant:
 
     def cancel(self, join_s: float = 5.0) -> None:
         """Leave the queue; a grant that races the cancel is handed back by the broker."""
-        self._call.cancel()
+        self._acquisition.cancel()
         self._worker.join(join_s)
 
     def result(self) -> Lease:
@@ -182,13 +183,14 @@ class LeaseSession:
     # -- getting a lease ----------------------------------------------------------------
 
     def acquire(self, request: LeaseRequest) -> Lease:
-        """Wait in this thread until the grant; Ctrl-C here leaves the queue."""
-        return self.adopt(read_acquire(self._open(request), self.on_queue), joined=False)
+        """Wait in this thread until the grant; Ctrl-C here leaves the queue. A broker
+        that is down or restarts meanwhile is waited for (vaccel/acquisition.py)."""
+        return self.adopt(self._acquisition(request).run(), joined=False)
 
     def acquire_in_background(self, request: LeaseRequest,
                               on_done: Callable[[], None] | None = None) -> PendingGrant:
         """Start waiting for the grant on a worker thread; see PendingGrant."""
-        return PendingGrant(self, self._open(request), on_done)
+        return PendingGrant(self, self._acquisition(request), on_done)
 
     def join(self, lease_id: str, gpus: int = 1) -> Lease:
         """Join a lease this process runs inside (VACCEL_LEASE_ID) instead of queueing."""
@@ -210,12 +212,9 @@ class LeaseSession:
         self.lease = Lease(msg, joined=joined)
         return self.lease
 
-    def _open(self, request: LeaseRequest) -> Any:
+    def _acquisition(self, request: LeaseRequest) -> Acquisition:
         wire, self.files = request.build(Path.cwd())
-        try:
-            return self.connection.stream("Acquire", wire)
-        except BrokerUnavailable as exc:
-            raise LeaseError(str(exc), "unavailable") from None
+        return Acquisition(self.connection, wire, self.on_queue, self._say)
 
     # -- holding it ---------------------------------------------------------------------
 
@@ -275,32 +274,6 @@ class LeaseSession:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
-
-
-def read_acquire(call: Any, on_queue: Callable[[str], None] | None) -> pb.Lease:
-    """Read an Acquire stream's queue updates until the grant; refusals become LeaseError."""
-    granted: pb.Lease | None = None
-    try:
-        # Read to the end of the stream even after the grant: the broker ends it right
-        # away, and a call dropped before that looks like a client that left, whose
-        # grant the broker then takes back.
-        for update in call:
-            if update.HasField("granted"):
-                granted = update.granted
-            elif on_queue is not None and update.queued.message:
-                on_queue(update.queued.message)
-    except grpc.RpcError as exc:
-        if exc.code() == grpc.StatusCode.UNAVAILABLE:
-            raise LeaseError(f"lost the broker while waiting: {exc.details()}", "unavailable") from None
-        if exc.code() == grpc.StatusCode.CANCELLED:
-            raise LeaseError("the request was cancelled", "cancelled") from None
-        raise LeaseError(exc.details() or str(exc.code()), exc.code().name.lower()) from None
-    except BaseException:
-        call.cancel()  # Ctrl-C while queued: leave the queue
-        raise
-    if granted is None:
-        raise LeaseError("the broker ended the request without a grant", "internal")
-    return granted
 
 
 class _Heartbeat(threading.Thread):

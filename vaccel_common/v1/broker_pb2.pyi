@@ -100,7 +100,7 @@ class ClientFacts(_message.Message):
     def __init__(self, python_version: _Optional[str] = ..., torch_version: _Optional[str] = ..., torch_backend: _Optional[str] = ..., torch_runtime_version: _Optional[str] = ..., kernel_archs: _Optional[_Iterable[str]] = ..., ptx_archs: _Optional[_Iterable[str]] = ..., distributed_available: _Optional[bool] = ..., distributed_backends: _Optional[_Iterable[str]] = ..., packages: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class AcquireRequest(_message.Message):
-    __slots__ = ("gpus", "min_memory_mib", "max_wait_seconds", "wait_forever", "runtime_spec_yaml", "runtime_spec_name", "accelerator_config_yaml", "accelerator_config_name", "client", "command")
+    __slots__ = ("gpus", "min_memory_mib", "max_wait_seconds", "wait_forever", "runtime_spec_yaml", "runtime_spec_name", "accelerator_config_yaml", "accelerator_config_name", "client", "command", "request_key")
     GPUS_FIELD_NUMBER: _ClassVar[int]
     MIN_MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
     MAX_WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +111,7 @@ class AcquireRequest(_message.Message):
     ACCELERATOR_CONFIG_NAME_FIELD_NUMBER: _ClassVar[int]
     CLIENT_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_KEY_FIELD_NUMBER: _ClassVar[int]
     gpus: int
     min_memory_mib: int
     max_wait_seconds: float
@@ -121,19 +122,22 @@ class AcquireRequest(_message.Message):
     accelerator_config_name: str
     client: ClientFacts
     command: str
-    def __init__(self, gpus: _Optional[int] = ..., min_memory_mib: _Optional[int] = ..., max_wait_seconds: _Optional[float] = ..., wait_forever: _Optional[bool] = ..., runtime_spec_yaml: _Optional[str] = ..., runtime_spec_name: _Optional[str] = ..., accelerator_config_yaml: _Optional[str] = ..., accelerator_config_name: _Optional[str] = ..., client: _Optional[_Union[ClientFacts, _Mapping]] = ..., command: _Optional[str] = ...) -> None: ...
+    request_key: str
+    def __init__(self, gpus: _Optional[int] = ..., min_memory_mib: _Optional[int] = ..., max_wait_seconds: _Optional[float] = ..., wait_forever: _Optional[bool] = ..., runtime_spec_yaml: _Optional[str] = ..., runtime_spec_name: _Optional[str] = ..., accelerator_config_yaml: _Optional[str] = ..., accelerator_config_name: _Optional[str] = ..., client: _Optional[_Union[ClientFacts, _Mapping]] = ..., command: _Optional[str] = ..., request_key: _Optional[str] = ...) -> None: ...
 
 class Queued(_message.Message):
-    __slots__ = ("position", "total", "message", "held")
+    __slots__ = ("position", "total", "message", "held", "request_id")
     POSITION_FIELD_NUMBER: _ClassVar[int]
     TOTAL_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     position: int
     total: int
     message: str
     held: _containers.RepeatedCompositeFieldContainer[Device]
-    def __init__(self, position: _Optional[int] = ..., total: _Optional[int] = ..., message: _Optional[str] = ..., held: _Optional[_Iterable[_Union[Device, _Mapping]]] = ...) -> None: ...
+    request_id: str
+    def __init__(self, position: _Optional[int] = ..., total: _Optional[int] = ..., message: _Optional[str] = ..., held: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class CheckLine(_message.Message):
     __slots__ = ("level", "name", "message", "device_uuid", "suggestion")
