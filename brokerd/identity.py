@@ -23,10 +23,12 @@ import secrets
 import socket
 import struct
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from brokerd.process import Identity
-from brokerd.procinfo import process_info
+from brokerd.procinfo import process_info, start_time
+from brokerd.state_dir import read_private, write_private
 
 _KEY_FILE = "token.key"
 _MAX_TOKEN_LEN = 1024
@@ -43,21 +45,14 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
 
 
 def load_or_create_key(state_dir: Path) -> bytes:
+    """The signing key: read without following a symlink and only when it is the daemon's
+    own private file (brokerd/state_dir.py), else made afresh."""
     path = state_dir / _KEY_FILE
-    try:
-        key = path.read_bytes()
-        if len(key) >= 32:
-            return key
-    except FileNotFoundError:
-        pass
+    key = read_private(path)
+    if key is not None and len(key) >= 32:
+        return key
     key = secrets.token_bytes(32)
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(key)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_private(path, key)
     return key
 
 
@@ -70,11 +65,15 @@ def _unb64(text: str) -> bytes:
 
 
 class TokenAuthority:
-    """Mints and verifies tokens. Verification is a pure HMAC check: no I/O."""
+    """Mints and verifies tokens. Verification is an HMAC check plus one read of the
+    process's start time: a token whose process has exited is refused for everything,
+    even after another process (of any user) reuses its pid."""
 
-    def __init__(self, key: bytes, ttl_s: float) -> None:
+    def __init__(self, key: bytes, ttl_s: float,
+                 started_at: Callable[[int], int | None] = start_time) -> None:
         self._key = key
         self.ttl_s = ttl_s
+        self._started_at = started_at
         self._cache: dict[str, tuple[Identity, float]] = {}
 
     def mint(self, identity: Identity, now: float | None = None) -> tuple[str, float]:
@@ -113,6 +112,8 @@ class TokenAuthority:
             self._cache[token] = (identity, expires)
         if expires < now:
             raise TokenError("identity token expired; the client renews it by reconnecting")
+        if self._started_at(identity.pid) != identity.start_time:
+            raise TokenError("identity token of a process that has exited; each process gets its own")
         return identity
 
 

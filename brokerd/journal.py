@@ -9,6 +9,12 @@ fields an admin can filter on:
 
 A lease over several devices carries one DEVICE_UUID field per device (the journal allows
 repeated fields), so the filter above finds it whichever device is asked for.
+
+Two filters sit on every handler this module installs: each line is made printable (a
+dependency name or a command from a client can hold a newline and a forged "grant ..."
+line after it; brokerd/text.py escapes it), and a message repeated in a burst (EMFILE on
+accept, a client's mistake logged with a traceback) is written a few times per minute,
+then counted, never thousands of times a second.
 """
 
 from __future__ import annotations
@@ -16,7 +22,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
+
+from brokerd.text import printable
 
 LOGGER_NAME = "vaccel.brokerd"
 SYSLOG_IDENTIFIER = "vaccel-brokerd"
@@ -91,6 +100,51 @@ class _PriorityPrefixFormatter(logging.Formatter):
         return f"<{_syslog_priority(record.levelno)}>{super().format(record)}"
 
 
+class PrintableFilter(logging.Filter):
+    """Escape what is not printable in the record's message (the traceback, which is the
+    daemon's own text, is left alone)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        safe = printable(message)
+        if safe != message:
+            record.msg, record.args = safe, None
+        return True
+
+
+class RateLimitFilter(logging.Filter):
+    """At most `burst` records per `window_s` for one (logger, level, message template);
+    the first record after a quiet window says how many were left out."""
+
+    def __init__(self, burst: int = 5, window_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.burst, self.window_s, self._clock = burst, window_s, clock
+        self._seen: dict[tuple[str, int, str], list[float]] = {}  # key -> [window start, count, dropped]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True  # lease events are info: each one is wanted, and each is bounded by a request
+        key = (record.name, record.levelno, str(record.msg)[:200])
+        now = self._clock()
+        entry = self._seen.get(key)
+        if entry is None or now - entry[0] >= self.window_s:
+            dropped = int(entry[2]) if entry else 0
+            if len(self._seen) > 1000:
+                self._seen.clear()
+            self._seen[key] = [now, 1, 0]
+            if dropped:
+                record.msg = f"{record.getMessage()} ({dropped} similar lines left out in the last " \
+                             f"{self.window_s:.0f}s)"
+                record.args = None
+            return True
+        entry[1] += 1
+        if entry[1] <= self.burst:
+            return True
+        entry[2] += 1
+        return False
+
+
 def setup_logging(level: str = "info", *, journal: bool | None = None) -> None:
     """Route the daemon's logging: journal=None picks the journal when stderr is the journal.
 
@@ -120,6 +174,8 @@ def setup_logging(level: str = "info", *, journal: bool | None = None) -> None:
         root.removeHandler(old)
         old.close()
     handler._vaccel_owned = True  # type: ignore[attr-defined]
+    handler.addFilter(RateLimitFilter())
+    handler.addFilter(PrintableFilter())
     root.addHandler(handler)
     root.setLevel(_LEVELS[level])
 
@@ -139,6 +195,7 @@ def log_event(
     In the journal the line carries EVENT, LEASE_ID, USER, one DEVICE_UUID per device and
     every extra keyword upper-cased (pid=123 -> PID=123).
     """
+    message, user = printable(message), printable(user)
     parts = [event]
     journal_fields: list[tuple[str, object]] = [("EVENT", event)]
     if lease_id:
@@ -151,6 +208,7 @@ def log_event(
         parts.append("devices=" + ",".join(device_uuids))
         journal_fields += [("DEVICE_UUID", uuid) for uuid in device_uuids]
     for key, value in fields.items():
+        value = printable(str(value))
         parts.append(f"{key}={value}")
         journal_fields.append((key.upper(), value))
     text = " ".join(parts) + (f": {message}" if message else "")

@@ -9,14 +9,16 @@ first, in brokerd/permissions.py.
 Invariants (checked by `check_invariants`):
 - a device is owned by at most one active lease, and every active lease owns its devices;
 - a multi-device lease got all its devices in one step (`_grant` takes the whole set);
-- a queued request holds nothing.
+- a queued request holds nothing;
+- a queued request that its own user's leases block reserves nothing (no head-of-line
+  hogging: see brokerd/reservations.py).
 """
 
 from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Hashable, Mapping, Sequence
 from dataclasses import replace
 
 from brokerd.contract import Evaluation, Requirement, evaluate
@@ -36,6 +38,7 @@ from brokerd.lease_model import (
 )
 from brokerd.policy import select_devices
 from brokerd.process import Holder, ProcessId
+from brokerd.reservations import Reservations
 from vaccel_common.units import format_duration
 
 _HISTORY = 1000
@@ -155,7 +158,9 @@ class LeaseManager:
         request = Request(self._new_id("r-"), holder, requirement, evaluation, terms, self._clock())
         # Requests ahead in the queue reserve the free devices they could use (FIFO);
         # a newcomer may only take free devices that none of them can use.
-        reserved = self._reserved_by(self.queue)
+        reserved = Reservations(self.leases.values())
+        for ahead in self.queue:
+            reserved.add(ahead)
         lease = self._try_grant(request, reserved)
         if lease is not None:
             return lease
@@ -175,12 +180,17 @@ class LeaseManager:
         """Grant queued requests that can now be satisfied, in FIFO order."""
         grants: list[Grant] = []
         waiting: list[Request] = []
+        # Built once and kept up to date as the pass goes: rebuilding it for every request
+        # made a pump quadratic in the queue's length.
+        reserved = Reservations(self.leases.values())
         for request in self.queue:
-            lease = self._try_grant(request, self._reserved_by(waiting))
+            lease = self._try_grant(request, reserved)
             if lease is None:
                 waiting.append(request)
+                reserved.add(request)
             else:
                 grants.append(Grant(request, lease))
+                reserved.granted(lease)
         self.queue = waiting
         return grants
 
@@ -190,13 +200,12 @@ class LeaseManager:
                 return i + 1, len(self.queue)
         return 0, len(self.queue)
 
-    def _reserved_by(self, ahead: Iterable[Request]) -> set[str]:
-        reserved: set[str] = set()
-        for request in ahead:
-            reserved.update(request.evaluation.eligible)
-        return reserved
+    def blocked_by_own_leases(self, request: Request) -> bool:
+        """Whether the request's user holds so many of its eligible devices that the rest
+        cannot satisfy it."""
+        return Reservations(self.leases.values()).blocked(request)
 
-    def _try_grant(self, request: Request, reserved: set[str]) -> Lease | None:
+    def _try_grant(self, request: Request, reserved: Container[str]) -> Lease | None:
         eligible = set(request.evaluation.eligible)
         free = [d for d in self._free() if d.uuid in eligible and d.uuid not in reserved]
         if len(free) < request.requirement.gpus:

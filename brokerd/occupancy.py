@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from brokerd.devices import Device, GpuProcess
 from brokerd.procinfo import ProcInfo
+from brokerd.text import printable
 
 DEFAULT_ZOMBIE_THRESHOLD_MIB = 512
 
@@ -49,9 +50,10 @@ def _lease_of(
 
 def _filled(proc: GpuProcess, info: ProcInfo | None) -> GpuProcess:
     """`proc` with owner and command from /proc; what the probe gave is kept when /proc
-    has nothing (the process is gone, or lives in another pid namespace)."""
+    has nothing (the process is gone, or lives in another pid namespace), made printable:
+    the probe's name comes from the process itself, and others see it."""
     if info is None:
-        return proc
+        return replace(proc, command=printable(proc.command), user=printable(proc.user))
     return replace(proc, uid=info.uid, user=info.user, command=info.command)
 
 

@@ -13,6 +13,9 @@ from collections.abc import Callable
 
 from brokerd.process import Holder, Identity
 from brokerd.procinfo import process_info, user_name
+from brokerd.text import printable
+
+__all__ = ["UserDirectory", "printable"]
 
 NAME_TTL_S = 300.0
 ADMIN_TTL_S = 60.0
@@ -51,14 +54,10 @@ class UserDirectory:
 
     def holder(self, identity: Identity, command: str) -> Holder:
         """The process as others will see it: its user's name, and the command it says it
-        runs (else the one /proc shows)."""
+        runs (else the one /proc shows), made printable: it is shown on other users'
+        terminals."""
         shown = printable(command)
         if not shown:
             info = process_info(identity.pid)
-            shown = info.command if info else ""
+            shown = printable(info.command) if info else ""
         return Holder.of(identity, self.name(identity.uid), shown)
-
-
-def printable(text: str) -> str:
-    """Text from one user shown on another's terminal: no escape sequences."""
-    return "".join(c for c in text if c.isprintable())

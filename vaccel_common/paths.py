@@ -8,6 +8,7 @@ the token is minted on sits beside it with the suffix `.id`.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 SYSTEM_SOCKET = Path("/run/vaccel/brokerd.sock")
@@ -27,16 +28,28 @@ def client_socket(explicit: str | os.PathLike[str] | None = None) -> Path:
     """The socket a client talks to: the argument, else VACCEL_SOCKET, else the default.
 
     A non-root user with no broker of their own uses the system broker: that is the
-    common case on a shared server."""
+    common case on a shared server. So does one whose personal socket folder belongs to
+    someone else."""
     if explicit:
         return Path(explicit)
     env = os.environ.get("VACCEL_SOCKET")
     if env:
         return Path(env)
     own = default_socket()
-    if own != SYSTEM_SOCKET and not own.exists() and SYSTEM_SOCKET.exists():
+    if own != SYSTEM_SOCKET and SYSTEM_SOCKET.exists() and not (own.exists() and _is_ours(own.parent)):
         return SYSTEM_SOCKET
     return own
+
+
+def _is_ours(folder: Path) -> bool:
+    """Whether a personal socket folder is this user's: /tmp/vaccel-$UID is a fixed name in
+    a shared folder, so another user may have created it first (with an impostor broker in
+    it). Such a folder is not ours, and the client uses the system broker instead."""
+    try:
+        st = os.lstat(folder)
+    except OSError:
+        return False
+    return not stat.S_ISLNK(st.st_mode) and st.st_uid == os.getuid()
 
 
 def identity_socket(grpc_socket: Path) -> Path:

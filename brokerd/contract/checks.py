@@ -61,7 +61,18 @@ def short_name(device: Device) -> str:
 def evaluate(requirement: Requirement, devices: Sequence[Device]) -> Evaluation:
     """Check `requirement` against every device in `devices` (healthy or not: health is
     the lease manager's business, so a sick device still counts as 'could satisfy later')
-    and against the client's environment."""
+    and against the client's environment. The result is remembered on the requirement
+    for the same set of devices (order aside: nothing reads the order of `eligible`)."""
+    key = tuple(sorted(devices, key=lambda d: d.uuid))
+    for seen, evaluation in requirement.memo:
+        if seen == key:
+            return evaluation
+    evaluation = _evaluate(requirement, devices)
+    requirement.memo[:] = [(key, evaluation)]
+    return evaluation
+
+
+def _evaluate(requirement: Requirement, devices: Sequence[Device]) -> Evaluation:
     spec = requirement.spec if requirement.spec is not None else RuntimeSpec()
     config = requirement.config if requirement.config is not None else AcceleratorConfig()
     min_memory = max(requirement.min_memory_mib, spec.min_memory_mib)
@@ -268,7 +279,12 @@ def host_checks(spec: RuntimeSpec, config: AcceleratorConfig,
                                    "about its environment; dependency checks skipped"))
     else:
         lines.append(CheckLine("OK", "Python", facts.python_version))
-        lines.extend(_dependency_line(dep, facts) for dep in spec.dependencies)
+        # One index for all dependencies: matching each against every installed package
+        # was quadratic, seconds of CPU for a legal spec a client can send.
+        installed: dict[str, str] = {}
+        for package, version in facts.packages.items():
+            installed.setdefault(_normalise(package), version)
+        lines.extend(_dependency_line(dep, facts, installed) for dep in spec.dependencies)
     if config.grad_scaler and config.amp_dtype in ("bfloat16", "none"):
         lines.append(CheckLine("WARN", "AMP", f"grad_scaler has no effect with dtype "
                                f"{config.amp_dtype} ({config.name})"))
@@ -279,14 +295,10 @@ def _normalise(package: str) -> str:
     return re.sub(r"[-_.]+", "-", package).lower()
 
 
-def _dependency_line(dep: Dependency, facts: ClientFacts) -> CheckLine:
+def _dependency_line(dep: Dependency, facts: ClientFacts, packages: dict[str, str]) -> CheckLine:
     is_torch = dep.name.lower() in TORCH_NAMES
     label = "PyTorch version" if is_torch else f"{dep.name} version"
-    if is_torch:
-        installed = facts.torch_version
-    else:
-        wanted = _normalise(dep.name)
-        installed = next((v for k, v in facts.packages.items() if _normalise(k) == wanted), "")
+    installed = facts.torch_version if is_torch else packages.get(_normalise(dep.name), "")
     pip_name = "torch" if is_torch else dep.name
     pin = f"'{pip_name}{dep.version_range.specifier}'" if dep.version_range else pip_name
     if not installed:

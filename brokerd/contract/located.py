@@ -3,6 +3,11 @@
 PyYAML's `safe_load` throws the marks away, so a message could not say *where* a bad
 key is. `load_located` composes the node tree and keeps each value's line beside it,
 together with the raw scalar text: "2.10" must stay a version, not become the float 2.1.
+
+Contract files come from any local user, so loading is bounded before anything is built
+(docs/security.md): the text's size, NUL bytes, anchors and aliases (refused outright, so
+no expansion "bomb" exists), nesting depth and node count are checked on the parser's
+event stream, which is flat (no recursion) and runs in libyaml when it is installed.
 """
 
 from __future__ import annotations
@@ -13,6 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+
+# Limits on what a contract file may be. A human-written runtime spec is a few KiB with
+# a nesting depth under 6; these leave a wide margin and still bound the daemon's work.
+MAX_BYTES = 256 * 1024
+MAX_DEPTH = 32
+MAX_NODES = 20_000
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class ContractError(ValueError):
@@ -71,9 +83,11 @@ class Source:
 
 def load_located(text: str, source: Source) -> Located | None:
     """Parse one YAML document; None for an empty one. Raises ContractError with the
-    line of a syntax error or of a duplicate key."""
-    loader = yaml.SafeLoader(text)
+    line of a syntax error or of a duplicate key, and refuses what the limits forbid."""
+    _check_text(text, source)
+    loader = _Loader(text)
     try:
+        _check_events(text, source)
         node = loader.get_single_node()
         return None if node is None else _convert(node, loader, source)
     except yaml.MarkedYAMLError as exc:
@@ -83,8 +97,38 @@ def load_located(text: str, source: Source) -> Located | None:
         raise source.error(line, "", f"not valid YAML: {problem}") from None
     except yaml.YAMLError as exc:
         raise source.error(0, "", f"not valid YAML: {exc}") from None
+    except (UnicodeError, RecursionError) as exc:
+        raise source.error(0, "", f"not valid YAML: {type(exc).__name__}") from None
     finally:
         loader.dispose()
+
+
+def _check_text(text: str, source: Source) -> None:
+    if len(text) > MAX_BYTES or len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:
+        raise source.error(0, "", f"larger than {MAX_BYTES // 1024} KiB; a contract file is a few KiB")
+    nul = text.find("\0")
+    if nul >= 0:
+        raise source.error(text.count("\n", 0, nul) + 1, "", "contains a NUL byte; a contract file is text")
+
+
+def _check_events(text: str, source: Source) -> None:
+    """Refuse anchors/aliases, too deep nesting and too many nodes, before composing."""
+    depth = nodes = 0
+    for event in yaml.parse(text, Loader=_Loader):
+        line = event.start_mark.line + 1 if event.start_mark else 0
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            raise source.error(line, "", "YAML anchors and aliases (&name, *name) are not allowed in "
+                                         "contract files; write the values out")
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise source.error(line, "", f"nested deeper than {MAX_DEPTH} levels")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+        if isinstance(event, yaml.NodeEvent):
+            nodes += 1
+            if nodes > MAX_NODES:
+                raise source.error(line, "", f"more than {MAX_NODES} values")
 
 
 def _convert(node: yaml.Node, loader: yaml.SafeLoader, source: Source) -> Located:

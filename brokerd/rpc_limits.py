@@ -1,0 +1,101 @@
+"""What a client can make the gRPC layer do, bounded: how many connections, how long an
+idle one or one that never finishes its handshake stays, how many open files the daemon
+may use, and what an undecodable message gets (INVALID_ARGUMENT, one short line, no
+traceback), for every method of the service at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+
+from vaccel_common.v1 import broker_pb2_grpc
+
+log = logging.getLogger("vaccel.brokerd")
+
+SERVICE = "vaccel.v1.Broker"
+OPEN_FILES = 65536  # matches LimitNOFILE= in systemd/vaccel-brokerd.service
+MAX_CONNECTIONS = 16384  # below OPEN_FILES: the daemon's own files never run out first
+
+# A connection costs one file descriptor until it is closed. A holder's client sends a
+# heartbeat at least every 5 s and a waiter has its Acquire stream open, so neither is
+# ever idle for 30 s; an idle one is closed (the client reconnects by itself), and one
+# that never completes the HTTP/2 handshake is closed after 5 s.
+CONNECTION_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.max_allowed_incoming_connections", MAX_CONNECTIONS),
+    ("grpc.max_connection_idle_ms", 30_000),
+    ("grpc.server_handshake_timeout_ms", 5_000),
+    ("grpc.max_concurrent_streams", 256),
+]
+
+
+def raise_open_files(limit: int = OPEN_FILES) -> int:
+    """Raise the soft RLIMIT_NOFILE towards `limit` (at most the hard limit); the soft
+    default of 1024 is what a thousand idle connections used to exhaust."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        return want
+    return soft
+
+
+class _Capture:
+    """Stands in for a server to collect the generated method handlers."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        pass
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        self.handlers.update(handlers)
+
+
+def add_guarded_servicer(servicer: broker_pb2_grpc.BrokerServicer, server: grpc.aio.Server) -> None:
+    """Register `servicer` like the generated add_BrokerServicer_to_server, except that each
+    method receives the raw bytes and decodes them itself: gRPC's own decoding failure
+    ends as UNKNOWN with a traceback in the log, for what is the client's mistake."""
+    capture = _Capture()
+    broker_pb2_grpc.add_BrokerServicer_to_server(servicer, capture)
+    handlers = {name: _guarded(name, handler) for name, handler in capture.handlers.items()}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)
+
+
+async def _decode(name: str, decode: Callable[[bytes], Any], raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+    try:
+        return decode(raw)
+    except Exception as exc:  # any failure to decode a client's bytes is that client's mistake
+        reason = type(exc).__name__
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                            f"{name}: the request message cannot be decoded ({reason}); text fields must "
+                            "be UTF-8; use a client built from vaccel's proto")
+
+
+def _guarded(name: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    decode = handler.request_deserializer
+    if handler.unary_unary is not None:
+        unary = handler.unary_unary
+
+        async def call(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+            return await unary(await _decode(name, decode, raw, context), context)
+
+        return grpc.unary_unary_rpc_method_handler(call, response_serializer=handler.response_serializer)
+    assert handler.unary_stream is not None, f"{name}: only unary and server-streaming methods exist"
+    streaming = handler.unary_stream
+
+    async def stream(raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        updates = streaming(await _decode(name, decode, raw, context), context)
+        try:
+            async for update in updates:
+                yield update
+        finally:
+            await updates.aclose()
+
+    return grpc.unary_stream_rpc_method_handler(stream, response_serializer=handler.response_serializer)

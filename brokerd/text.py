@@ -1,0 +1,21 @@
+"""Text that came from a client or from /proc, made safe to show on a terminal or in a
+log line: every character that is not printable (control bytes, escape sequences, line
+breaks, bidi overrides) is written as a visible escape, so it can neither drive another
+user's terminal nor start a forged log line, and an admin still sees what was sent.
+"""
+
+from __future__ import annotations
+
+
+def printable(text: str) -> str:
+    """`text` with each unprintable character as `\\xNN`, `\\uNNNN` or `\\UNNNNNNNN`."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else _escape(c) for c in text)
+
+
+def _escape(c: str) -> str:
+    code = ord(c)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"

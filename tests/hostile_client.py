@@ -1,0 +1,169 @@
+"""What a hostile local user does to the broker, one attack per subcommand; run as that
+user by tests/test_hostile.py (from the world-readable staged copy). Prints one JSON line
+with what it saw.
+
+    python hostile_client.py malformed          bombs, deep YAML, NUL, undecodable, non-UTF-8
+    python hostile_client.py flood SECONDS N    N threads of Check with a legal large spec
+    python hostile_client.py connections N S    N idle connections held for S seconds
+    python hostile_client.py inject             a lease whose commands carry terminal escapes
+    python hostile_client.py token FILE         write this process's token and exit
+    python hostile_client.py join LEASE FILE    Join LEASE with the token in FILE
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import socket
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import grpc
+from vaccel.connection import BrokerConnection
+
+from vaccel_common.auth import TOKEN_METADATA_KEY
+from vaccel_common.v1 import broker_pb2 as pb
+
+
+def alias_bomb(levels: int) -> str:
+    """Each level nine references to the one below (the issue's 321-byte spec at 9)."""
+    lines = ['a0: &a0 ["x","x","x","x","x","x","x","x","x"]']
+    for i in range(1, levels):
+        lines.append(f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]")
+    return "\n".join(lines) + "\n"
+
+
+def large_legal_spec(kib: int) -> str:
+    deps, i = [], 0
+    while sum(map(len, deps)) < kib * 1024:
+        deps.append(f"  - name: package-number-{i}\n    version_range: \">=1.0,<99\"\n")
+        i += 1
+    return "dependencies:\n" + "".join(deps)
+
+
+def code_of(call) -> str:
+    try:
+        call()
+    except grpc.RpcError as exc:
+        return exc.code().name
+    return "OK"
+
+
+def malformed() -> dict:
+    c = BrokerConnection()
+    out = {}
+    for name, spec in {"bomb": alias_bomb(9), "deep": "[" * 100_000 + "]" * 100_000,
+                       "nul": "dependencies:\n  - name: a\0b\n", "anchor": "a: &x 1\nb: *x\n"}.items():
+        out[name] = code_of(lambda s=spec: c.call("Check", pb.CheckRequest(runtime_spec_yaml=s), timeout=30))
+        out[name + "_acquire"] = code_of(lambda s=spec: next(iter(c.stream(
+            "Acquire", pb.AcquireRequest(gpus=1, runtime_spec_yaml=s), timeout=30))))
+    stub_channel = grpc.insecure_channel(f"unix:{c.path}")
+    raw = stub_channel.unary_unary("/vaccel.v1.Broker/Check")
+    good = pb.CheckRequest(runtime_spec_yaml="a").SerializeToString()
+    for name, payload in {"undecodable": b"\xff\xff\xff\xff\x0f", "non_utf8": good.replace(b"a", b"\xff"),
+                          "truncated": good[:-1]}.items():
+        out[name] = code_of(lambda p=payload: raw(p, timeout=30, metadata=c.metadata()))
+    return out
+
+
+def flood(seconds: float, threads: int) -> dict:
+    spec = large_legal_spec(175)
+    facts = pb.ClientFacts(python_version="3.11.4", packages={f"package-number-{i}": "2.0" for i in range(0, 4000, 2)})
+    codes: Counter[str] = Counter()
+    stop = time.monotonic() + seconds
+
+    def worker() -> None:
+        c = BrokerConnection()
+        request = pb.CheckRequest(runtime_spec_yaml=spec, client=facts)
+        while time.monotonic() < stop:
+            codes[code_of(lambda: c.call("Check", request, timeout=60))] += 1
+
+    pool = [threading.Thread(target=worker) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return dict(codes)
+
+
+def connections(count: int, hold_s: float) -> dict:
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, count + 256), hard))
+    path = str(BrokerConnection().path)
+    held, failed = [], 0
+    for _ in range(count):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(path)
+            held.append(s)
+        except OSError:
+            failed += 1
+            s.close()
+    print(json.dumps({"opened": len(held), "failed": failed}), flush=True)
+    time.sleep(hold_s)
+    return {"opened": len(held)}
+
+
+def inject() -> dict:
+    """Two leases shown to others: one whose command the client names with escapes, one
+    with no command, so the daemon falls back to this process's /proc cmdline (which the
+    test sets through `exec -a`)."""
+    c = BrokerConnection()
+    evil = "\x1b[2J\x1b[Hgpu0 root FAKE\nvaccel-bob: \x07 owned\r"
+    leases = []
+    for command in (evil, ""):
+        # Read the stream to its end: dropping it early cancels the call, which hands the grant back.
+        *_, update = c.stream("Acquire", pb.AcquireRequest(gpus=1, command=command), timeout=30)
+        assert update.HasField("granted"), update
+        leases.append(update.granted.id)
+
+    def beat() -> None:  # hold both leases while the test looks at them
+        while True:
+            for lease_id in leases:
+                code_of(lambda i=lease_id: c.call("Heartbeat", pb.LeaseRef(lease_id=i), timeout=10))
+            time.sleep(0.3)
+
+    threading.Thread(target=beat, daemon=True).start()
+    forged = "evil\n2026-01-01 00:00:00 INFO grant lease=l-FORGED user=root"
+    spec = f'dependencies:\n  - name: {json.dumps(forged)}\n    version_range: ">=1"\n'
+    facts = pb.ClientFacts(python_version="3.11.4", packages={forged: "0.1\nINFO grant lease=l-FORGED"})
+    refused = code_of(lambda: next(iter(c.stream(
+        "Acquire", pb.AcquireRequest(gpus=1, runtime_spec_yaml=spec, client=facts), timeout=30))))
+    print(json.dumps({"held": 2, "refused": refused}), flush=True)
+    time.sleep(60)
+    return {}
+
+
+def main() -> None:
+    mode, args = sys.argv[1], sys.argv[2:]
+    if mode == "malformed":
+        result = malformed()
+    elif mode == "flood":
+        result = flood(float(args[0]), int(args[1]))
+    elif mode == "connections":
+        result = connections(int(args[0]), float(args[1]))
+    elif mode == "inject":
+        result = inject()
+    elif mode == "token":
+        c = BrokerConnection()
+        c.call("Status", pb.StatusRequest())
+        Path(args[0]).write_text(dict(c.metadata())[TOKEN_METADATA_KEY])
+        result = {"pid": os.getpid()}
+    elif mode == "join":
+        token = Path(args[1]).read_text()
+        channel = grpc.insecure_channel(f"unix:{BrokerConnection().path}")
+        join = channel.unary_unary("/vaccel.v1.Broker/Join", request_serializer=pb.LeaseRef.SerializeToString,
+                                   response_deserializer=pb.Lease.FromString)
+        result = {"join": code_of(lambda: join(pb.LeaseRef(lease_id=args[0]), timeout=30,
+                                               metadata=((TOKEN_METADATA_KEY, token),)))}
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
