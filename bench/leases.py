@@ -45,6 +45,9 @@ from typing import Any
 import grpc
 from vaccel.connection import BrokerConnection
 
+if __package__ in (None, ""):  # run as a script (python bench/leases.py): make `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.stats import percentile
 from vaccel_common.paths import identity_socket
 from vaccel_common.v1 import broker_pb2 as pb
 
@@ -103,15 +106,6 @@ class RunResult:
 
     def percentile_ms(self, q: float) -> float:
         return percentile(self.latencies_s, q) * 1000.0
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100); 0.0 for no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    rank = max(1, min(len(ordered), round(q / 100.0 * len(ordered) + 0.5)))
-    return ordered[rank - 1]
 
 
 # -- the echo server (runs in its own process) ------------------------------------------
@@ -240,6 +234,11 @@ class Bench:
         self.workdir = Path(tempfile.mkdtemp(prefix="vaccel-bench-", dir="/tmp"))  # short socket paths
         self._children: list[Any] = []
         self._broker: subprocess.Popen[bytes] | None = None
+        self._broker_root = self.workdir / "broker"
+
+    @property
+    def broker_pid(self) -> int | None:
+        return self._broker.pid if self._broker is not None else None
 
     def close(self) -> None:
         try:
@@ -263,12 +262,14 @@ class Bench:
                 raise BenchError(f"the echo server did not start (exit code {server.exitcode})")
         return path
 
-    def start_broker(self) -> str:
-        root = self.workdir / "broker"
+    def start_broker(self, devices: int = SIMULATED_DEVICES, name: str = "broker") -> str:
+        """Start the daemon on `devices` simulated devices (one at a time per Bench); its socket."""
+        root = self.workdir / name
         root.mkdir()
+        self._broker_root = root
         socket_path = root / "brokerd.sock"
         inventory = root / "inventory.yaml"
-        inventory.write_text(_inventory_yaml(SIMULATED_DEVICES))
+        inventory.write_text(_inventory_yaml(devices))
         config = root / "brokerd.toml"
         # Defaults except a TTL comfortably above one op, stated so the run is reproducible.
         config.write_text('[leases]\nheartbeat_ttl = "30s"\n[server]\nlog_level = "info"\n')
@@ -289,6 +290,11 @@ class Bench:
             time.sleep(0.02)
         return str(socket_path)
 
+    def broker_log_tail(self, chars: int = 2000) -> str:
+        with contextlib.suppress(OSError):
+            return (self._broker_root / "brokerd.log").read_text(errors="replace")[-chars:]
+        return ""
+
     def stop_broker(self) -> int | None:
         """Stop the daemon (SIGTERM, as systemd would); its SQLite commit count, if it wrote one."""
         proc, self._broker = self._broker, None
@@ -302,7 +308,7 @@ class Bench:
                 proc.kill()
                 proc.wait()
         with contextlib.suppress(OSError, ValueError):
-            return int((self.workdir / "broker" / "commits").read_text())
+            return int((self._broker_root / "commits").read_text())
         return None
 
     # -- clients -----------------------------------------------------------------------

@@ -61,3 +61,44 @@ def test_rejects_clients_not_divisible_by_processes() -> None:
     done = _bench("-m", "bench.leases", "--clients", "5", "--processes", "2")
     assert done.returncode == 2
     assert "--clients must be a positive multiple of --processes" in done.stderr
+
+
+def test_startup_benchmark_prints_every_command() -> None:
+    done = _bench("-m", "bench.startup", "--runs", "1", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert set(result["figures"]) == {"python -c pass", "python -c 'import grpc'", "vaccel run --gpus 1 -- true",
+                                      "vaccel status"}
+    for name, row in result["figures"].items():
+        assert row["n"] == 1 and row["p50_ms"] > 0, name
+    assert set(result["goals"]) == {"run_median_at_most_100_ms", "status_median_at_most_150_ms"}
+
+
+def test_handover_benchmark_prints_each_row() -> None:
+    before = set(Path("/tmp").glob("vaccel-bench-*"))
+    done = _bench("-m", "bench.handover", "--waiters", "1", "--samples", "2", "--hold", "0.02",
+                  "--exit-hold", "0.3", "--whole-hold", "0.3")
+    assert done.returncode == 0, done.stderr
+    assert set(Path("/tmp").glob("vaccel-bench-*")) <= before, "the run left its temp dir behind"
+    out = done.stdout
+    assert "bare gRPC echo p50 in the same run" in out
+    for row in ("in-process, release, 1 waiting", "in-process, exit, 1 waiting", "whole process, 1 waiting"):
+        assert row in out
+
+
+def test_handover_rejects_bad_waiters() -> None:
+    done = _bench("-m", "bench.handover", "--waiters", "0")
+    assert done.returncode == 2
+    assert "--waiters takes positive integers" in done.stderr
+
+
+def test_scale_benchmark_runs_a_tiny_host() -> None:
+    done = _bench("-m", "bench.scale", "--devices", "2", "--waiters", "3", "--window", "0.5",
+                  "--status-runs", "1", "--grants", "2", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    [row] = result["rows"]
+    assert "error" not in row, row
+    assert row["devices"] == 2 and row["waiters"] == 3
+    assert row["cpu_pct"] >= 0 and row["rss_mb"] > 0 and row["status_p50_ms"] > 0 and row["grant_p50_ms"] > 0
+    assert set(row["pass"]) == {"cpu", "rss", "status", "grant"}

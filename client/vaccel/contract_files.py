@@ -14,8 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 DEFAULT_SPEC = "runtime-spec.yaml"
 DEFAULT_CONFIG = "accelerator-config.yaml"
 
@@ -86,6 +84,8 @@ def _from_config(config_text: str, config_path: Path | None) -> Path | None:
     """The config's runtime_contract, resolved against the config's folder."""
     if not config_text or config_path is None:
         return None
+    import yaml  # only when there is a file to read: `vaccel run` without one never pays for it
+
     try:
         doc = yaml.safe_load(config_text)
     except yaml.YAMLError:
@@ -113,8 +113,12 @@ def _shown(path: Path | None, cwd: Path) -> str:
 def dependency_names(spec_text: str) -> tuple[str, ...]:
     """The `dependencies[].name` values of a runtime spec, read leniently: a broken file
     yields none here and a precise error from the daemon."""
+    if not spec_text:
+        return ()
+    import yaml
+
     try:
-        doc = yaml.safe_load(spec_text) if spec_text else None
+        doc = yaml.safe_load(spec_text)
     except yaml.YAMLError:
         return ()
     deps = doc.get("dependencies") if isinstance(doc, dict) else None

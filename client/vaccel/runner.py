@@ -3,12 +3,22 @@
 - The command's exit status becomes ours (128+N when a signal N killed it).
 - Signals sent to `vaccel run` are forwarded; a Ctrl-C from the terminal already
   reaches the whole foreground process group, so it is not sent twice.
+- Ctrl-Z and `fg` (SIGTSTP, SIGCONT) stop and resume the command with us: a SIGTSTP sent
+  to `vaccel run` alone is passed on to the command before we stop ourselves, and a
+  SIGCONT resumes a command that is still stopped.
 - If `vaccel run` dies, even by SIGKILL, the kernel kills the command (PR_SET_PDEATHSIG)
   and the broker ends the lease (it watches our pid). Processes the command left running
   in the background are not killed then; on real GPUs the broker sees them as GPU users
   without a lease and keeps their device out of the pool until they are gone.
 - If the lease ends behind our back (revoked, expired), the command gets SIGTERM, then
   SIGKILL after a grace period: it must not keep computing on someone else's device.
+
+The main thread never polls. It sleeps in `sigwaitinfo` on the signals it handles, all
+blocked in every thread, and whatever it must react to arrives as one of them: a signal
+for the command, the command's exit (SIGCHLD), and, sent by our own threads as a SIGCHLD
+to this thread, the grant (or refusal), the loss of the lease, the end of its grace.
+`sigwaitinfo` rather than `sigtimedwait`: with a timeout, Python 3.11 returns an
+uninitialised siginfo when a stop (Ctrl-Z) interrupts the wait past its deadline.
 
 The lease's life itself (request, queue, heartbeat, release) is LeaseSession's
 (session.py); this module adds the signals, the child and its process tree.
@@ -21,6 +31,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,9 +41,12 @@ from vaccel.session import LeaseRequest, LeaseSession
 from vaccel_common.backends import DEVICE_ENV_VARS
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
-_WAITED = {*FORWARDED, signal.SIGCHLD}
+_LEAVE_QUEUE = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
+_JOB_CONTROL = (signal.SIGTSTP, signal.SIGCONT)
+_WAKE = signal.SIGCHLD  # what the kernel sends when the command ends, and our threads send to wake us
+_WAITED = frozenset({*FORWARDED, *_JOB_CONTROL, _WAKE})
 _PR_SET_PDEATHSIG = 1
-_SI_KERNEL = 0x80  # si_code of a signal the kernel sent (the terminal's Ctrl-C)
+_SI_KERNEL = 0x80  # si_code of a signal the kernel sent (the terminal's Ctrl-C, Ctrl-Z)
 LOST_GRACE_S = 10.0
 
 
@@ -63,6 +77,45 @@ def _say(quiet: bool, message: str) -> None:
         print(f"vaccel: {message}", file=sys.stderr, flush=True)
 
 
+class _Waker:
+    """Wakes the thread waiting in `next_signal` from any other thread: a SIGCHLD sent to
+    that thread alone (blocked there, so it waits as pending until taken). A spurious
+    SIGCHLD only makes the waiter look at its state once more."""
+
+    def __init__(self) -> None:
+        self._thread = threading.get_ident()
+        self._lock = threading.Lock()
+        self._active = True
+
+    def __call__(self, *_: object) -> None:
+        with self._lock:
+            if self._active:
+                signal.pthread_kill(self._thread, _WAKE)
+
+    def close(self) -> None:
+        with self._lock:
+            self._active = False
+
+
+def next_signal() -> tuple[int, int]:
+    """(signal number, si_code) of the next signal in _WAITED; blocks until there is one.
+    A number outside the set (never seen with sigwaitinfo, but cheap to refuse) is
+    dropped rather than acted on."""
+    while True:
+        info = signal.sigwaitinfo(_WAITED)
+        if info.si_signo in _WAITED:
+            return info.si_signo, info.si_code
+
+
+def _drain_wakes() -> None:
+    """Take pending SIGCHLD/SIGTSTP/SIGCONT before unblocking, so that neither a late wake
+    nor a Ctrl-Z that came after the command ended acts on us then."""
+    pending = signal.sigpending()
+    for sig in (_WAKE, *_JOB_CONTROL):
+        if sig in pending:
+            signal.sigtimedwait([sig], 0)  # pending: returns at once (result not used)
+
+
 def run_under_lease(
     command: list[str],
     *,
@@ -76,24 +129,28 @@ def run_under_lease(
 ) -> int:
     """Lease, run `command` on the lease, release; return the command's exit status.
     Raises LeaseError, ContractFileError, or Interrupted (a signal while queued)."""
-    # Block the signals we forward before any thread exists (gRPC starts some), so every
-    # thread inherits the mask and only the main thread's sigtimedwait ever takes them.
+    # Block the signals we handle before any thread exists (gRPC starts some), so every
+    # thread inherits the mask and only this thread's sigwaitinfo ever takes them.
     signal.pthread_sigmask(signal.SIG_BLOCK, _WAITED)
+    wake = _Waker()
     try:
         request = LeaseRequest(gpus=gpus, min_memory_mib=min_memory_mib, wait=wait, contract=contract,
                                config=config, command=" ".join(command))
-        with LeaseSession(socket, on_queue=_queue_printer(quiet), say=lambda m: _say(False, m)) as session:
-            lease_obj = _acquire_interruptibly(session, request)
+        with LeaseSession(socket, on_queue=_queue_printer(quiet), on_lost=wake,
+                          say=lambda m: _say(False, m)) as session:
+            lease_obj = _acquire_interruptibly(session, request, wake)
             names = ", ".join(f"gpu{d.index} {d.name}" for d in lease_obj.devices)
             _say(quiet, f"lease {lease_obj.id}: {names}" + (" (simulated)" if lease_obj.simulated else ""))
             for warning in lease_obj.warnings:
                 _say(quiet, f"warning: {warning}")
             try:
-                return _supervise(command, session, lease_obj, child_env(lease_obj, session.config_path))
+                return _supervise(command, session, lease_obj, child_env(lease_obj, session.config_path), wake)
             finally:
                 if session.release():
                     _say(quiet, f"lease {lease_obj.id} released")
     finally:
+        wake.close()
+        _drain_wakes()
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _WAITED)
 
 
@@ -117,18 +174,37 @@ class Interrupted(Exception):
         self.exit_code = 128 + signum
 
 
-def _acquire_interruptibly(session: LeaseSession, request: LeaseRequest) -> Lease:
-    """Wait for the grant on a worker thread while the main thread watches for signals."""
-    pending = session.acquire_in_background(request)
+def _stop_self() -> None:
+    """Stop as SIGTSTP's default action would (the shell then sees the job stopped);
+    returns once someone sends SIGCONT."""
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def _acquire_interruptibly(session: LeaseSession, request: LeaseRequest, wake: _Waker) -> Lease:
+    """Wait for the grant on a worker thread while this thread waits for signals; the
+    worker wakes us the moment the stream ends."""
+    pending = session.acquire_in_background(request, on_done=wake)
     while not pending.wait(0):
-        info = signal.sigtimedwait(FORWARDED, 0.2)
-        if info is not None and info.si_signo in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signo, _ = next_signal()
+        if signo in _LEAVE_QUEUE:
             pending.cancel()
-            raise Interrupted(info.si_signo)
+            raise Interrupted(signo)
+        if signo == signal.SIGTSTP:
+            _stop_self()
     return pending.result()
 
 
-def _supervise(command: list[str], session: LeaseSession, lease_obj: Lease, env: dict[str, str]) -> int:
+def _is_stopped(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(b")") + 2 :][:1] in (b"T", b"t")
+
+
+def _supervise(command: list[str], session: LeaseSession, lease_obj: Lease, env: dict[str, str],
+               wake: _Waker) -> int:
     """Run the command, forward signals, stop it if the lease ends; return its status."""
     parent = os.getpid()
     try:
@@ -138,19 +214,35 @@ def _supervise(command: list[str], session: LeaseSession, lease_obj: Lease, env:
         return 127 if isinstance(exc, FileNotFoundError) else 126
     session.start_heartbeat()
     stopped_at = 0.0
-    while child.poll() is None:
-        info = signal.sigtimedwait(_WAITED, 0.2)
-        if info is not None and info.si_signo != signal.SIGCHLD:
-            # Ctrl-C from the terminal already reached the child (same process group).
-            from_terminal = info.si_signo == signal.SIGINT and info.si_code == _SI_KERNEL
-            if not from_terminal:
-                child.send_signal(info.si_signo)
-        if lease_obj.lost_reason and not stopped_at:
-            _say(False, f"lease {lease_obj.id} ended: {lease_obj.lost_reason}; stopping the command")
-            _signal_tree(child.pid, signal.SIGTERM)
-            stopped_at = time.monotonic()
-        elif stopped_at and time.monotonic() - stopped_at > LOST_GRACE_S:
-            _signal_tree(child.pid, signal.SIGKILL)
+    grace: threading.Timer | None = None
+    try:
+        while child.poll() is None:
+            if lease_obj.lost_reason and not stopped_at:
+                _say(False, f"lease {lease_obj.id} ended: {lease_obj.lost_reason}; stopping the command")
+                _signal_tree(child.pid, signal.SIGTERM)
+                stopped_at = time.monotonic()
+                grace = threading.Timer(LOST_GRACE_S, wake)
+                grace.daemon = True
+                grace.start()
+            elif stopped_at and time.monotonic() - stopped_at >= LOST_GRACE_S:
+                _signal_tree(child.pid, signal.SIGKILL)
+            signo, code = next_signal()
+            if signo == _WAKE:
+                continue
+            # From the terminal (Ctrl-C, Ctrl-Z) it already reached the child: same process group.
+            from_terminal = code == _SI_KERNEL and signo in (signal.SIGINT, signal.SIGTSTP)
+            if signo == signal.SIGTSTP:
+                if not from_terminal:
+                    child.send_signal(signal.SIGTSTP)
+                _stop_self()
+            elif signo == signal.SIGCONT:
+                if _is_stopped(child.pid):
+                    child.send_signal(signal.SIGCONT)
+            elif not from_terminal:
+                child.send_signal(signo)
+    finally:
+        if grace is not None:
+            grace.cancel()
     code = child.returncode
     return 128 - code if code < 0 else code
 

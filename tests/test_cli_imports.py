@@ -1,0 +1,43 @@
+"""`vaccel run` and `vaccel status` import only what their path needs: every module costs
+each invocation start-up time (issue 16). Checked by module name, never by a timing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import textwrap
+from pathlib import Path
+
+from tests.conftest import Broker
+
+# Heavy and not needed without a contract or --json: torch (facts), yaml (contract files),
+# protobuf's JSON mapping, and lease() machinery.
+NOT_ON_THE_PATH = ("torch", "yaml", "google.protobuf.json_format", "vaccel.leasing", "vaccel.facts")
+
+
+def _loaded_after(broker: Broker, argv: list[str], cwd: Path) -> tuple[int, list[str]]:
+    """Run the CLI in-process in a fresh interpreter (in `cwd`: no contract files there)."""
+    code = textwrap.dedent(f"""
+        import json, sys
+        from vaccel import cli
+        rc = cli.main({argv!r})
+        print(json.dumps([rc, [m for m in {NOT_ON_THE_PATH!r} if m in sys.modules]]))
+    """)
+    done = subprocess.run([broker.python, "-c", code], env=broker.env, cwd=cwd, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    rc, loaded = json.loads(done.stdout.splitlines()[-1])
+    return rc, loaded
+
+
+def test_vaccel_run_without_a_contract_imports_nothing_heavy(broker: Broker, tmp_path: Path):
+    rc, loaded = _loaded_after(broker, ["run", "-q", "--", "true"], tmp_path)
+    assert rc == 0
+    assert loaded == []
+
+
+def test_vaccel_status_imports_nothing_heavy_and_json_still_works(broker: Broker, tmp_path: Path):
+    rc, loaded = _loaded_after(broker, ["status"], tmp_path)
+    assert rc == 0 and loaded == []
+    rc, loaded = _loaded_after(broker, ["status", "--json"], tmp_path)
+    assert rc == 0 and loaded == ["google.protobuf.json_format"]
