@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING, Any
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
 __version__ = "0.1.0"
-__all__ = ["Accelerator", "Lease", "LeaseError", "LeaseLost", "lease"]
+__all__ = ["Accelerator", "Lease", "LeaseError", "LeaseLost", "current_lease", "init_accelerator", "lease"]
 
 if TYPE_CHECKING:
     from vaccel.accelerator import Accelerator
+    from vaccel.current import current_lease, init_accelerator
     from vaccel.leasing import Lease, LeaseError, LeaseLost, lease
 
 
@@ -37,4 +38,8 @@ def __getattr__(name: str) -> Any:
         from vaccel import leasing
 
         return getattr(leasing, name)
+    if name in ("current_lease", "init_accelerator"):
+        from vaccel import current
+
+        return getattr(current, name)
     raise AttributeError(f"module 'vaccel' has no attribute {name!r}")

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from vaccel.accelerator.amp import AmpPolicy
-    from vaccel.accelerator.core import Accelerator, NoLeaseWarning, SimulatedDevicesWarning
+    from vaccel.accelerator.core import Accelerator
     from vaccel.accelerator.memory import MemoryStats
+    from vaccel.accelerator.notices import NoLeaseWarning, SimulatedDevicesWarning
     from vaccel.accelerator.runtime_state import initialised_runtime
 
 __all__ = [
@@ -29,8 +30,8 @@ __all__ = [
 
 _HOMES = {
     "Accelerator": "core",
-    "NoLeaseWarning": "core",
-    "SimulatedDevicesWarning": "core",
+    "NoLeaseWarning": "notices",
+    "SimulatedDevicesWarning": "notices",
     "AmpPolicy": "amp",
     "MemoryStats": "memory",
     "initialised_runtime": "runtime_state",

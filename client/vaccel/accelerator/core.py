@@ -23,18 +23,12 @@ from vaccel.accelerator.distributed import (
     rank_info,
 )
 from vaccel.accelerator.memory import MemoryCap, MemoryStats
+from vaccel.accelerator.notices import NoLeaseWarning, SimulatedDevicesWarning, install
 from vaccel.accelerator.placement import DeviceLoader, remake_loader, send_to_device
 from vaccel_common.backends import backend as backend_entry
 
 log = logging.getLogger("vaccel.accelerator")
-
-
-class SimulatedDevicesWarning(UserWarning):
-    """The lease holds simulated devices, so the accelerator computes on the CPU."""
-
-
-class NoLeaseWarning(UserWarning):
-    """No lease in the environment, so the accelerator computes on the CPU."""
+__all__ = ["Accelerator", "NoLeaseWarning", "SimulatedDevicesWarning"]
 
 
 def _no_guard() -> None:
@@ -68,6 +62,7 @@ class Accelerator:
         guard: Callable[[], None] | None = None,
         amp: str | None = None,
     ) -> None:
+        install()  # its warnings below read as one `vaccel:` line
         self._env: dict[str, str] = dict(os.environ if env is None else env)
         self._guard = guard or _no_guard
         self.lease_id: str = self._env.get("VACCEL_LEASE_ID", "")
@@ -184,6 +179,11 @@ class Accelerator:
     def world_size(self) -> int:
         return self.ranks.world_size
 
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        """The GradScaler under float16 AMP (`backward` and `step` use it), else None."""
+        return self._scaler
+
     def __repr__(self) -> str:
         return (
             f"Accelerator(lease={self.lease_id or None}, backend={self.backend}, "
@@ -211,6 +211,15 @@ class Accelerator:
         with memory.naming_cap(self._cap):
             prepared = [self._prepare_one(obj) for obj in objs]
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
+
+    def to_device(self, *objs: Any) -> Any:
+        """Move tensors (and lists, tuples, dicts of them) or modules to this device, as
+        `prepare` does for them, without wrapping anything for DDP."""
+        self._guard()
+        with memory.naming_cap(self._cap):
+            moved = [obj.to(self._device) if isinstance(obj, torch.nn.Module) else send_to_device(obj, self._device)
+                     for obj in objs]
+        return moved[0] if len(moved) == 1 else tuple(moved)
 
     def _prepare_one(self, obj: Any) -> Any:
         from torch.nn.parallel import DistributedDataParallel
@@ -338,6 +347,8 @@ class Accelerator:
         self._guard()
         if self._device.type != "cpu":
             torch.accelerator.synchronize(self._device.index)
+
+    sync = synchronize
 
     def wait_for_everyone(self) -> None:
         """A barrier across ranks once the process group exists; no-op otherwise."""
