@@ -12,7 +12,7 @@ repeated fields), so the filter above finds it whichever device is asked for.
 
 Two filters sit on every handler this module installs: each line is made printable (a
 dependency name or a command from a client can hold a newline and a forged "grant ..."
-line after it; brokerd/text.py escapes it), and a message repeated in a burst (EMFILE on
+line after it; vaccel_common/text.py escapes it), and a message repeated in a burst (EMFILE on
 accept, a client's mistake logged with a traceback) is written a few times per minute,
 then counted, never thousands of times a second.
 """
@@ -25,7 +25,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from brokerd.text import printable
+from vaccel_common.text import printable
 
 LOGGER_NAME = "vaccel.brokerd"
 SYSLOG_IDENTIFIER = "vaccel-brokerd"

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field, replace
 
 from brokerd.devices import Device, GpuProcess
 from brokerd.procinfo import ProcInfo
-from brokerd.text import printable
 
 DEFAULT_ZOMBIE_THRESHOLD_MIB = 512
 
@@ -50,10 +49,10 @@ def _lease_of(
 
 def _filled(proc: GpuProcess, info: ProcInfo | None) -> GpuProcess:
     """`proc` with owner and command from /proc; what the probe gave is kept when /proc
-    has nothing (the process is gone, or lives in another pid namespace), made printable:
-    the probe's name comes from the process itself, and others see it."""
+    has nothing (the process is gone, or lives in another pid namespace). Kept exact:
+    whatever shows it to a person escapes it there (vaccel_common/text.py)."""
     if info is None:
-        return replace(proc, command=printable(proc.command), user=printable(proc.user))
+        return proc
     return replace(proc, uid=info.uid, user=info.user, command=info.command)
 
 

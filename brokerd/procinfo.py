@@ -11,8 +11,6 @@ import pwd
 from dataclasses import dataclass
 from pathlib import Path
 
-from brokerd.text import printable
-
 PROC = Path("/proc")
 _COMMAND_MAX = 80
 
@@ -72,11 +70,11 @@ def user_name(uid: int) -> str:
 def short_command(argv: list[str], fallback: str = "") -> str:
     """`/usr/bin/python3 train.py --lr 3e-4` -> `python3 train.py --lr 3e-4`, cut to 80
     characters. Kernel threads and zombies have no argv: use the comm name. Any process
-    can set its own argv and comm to anything (`exec -a`), and this text is shown to other
-    users: unprintable characters come back escaped (brokerd/text.py)."""
+    can set its own argv and comm to anything (`exec -a`): the text is kept exact here and
+    escaped wherever it is shown to a person (vaccel_common/text.py)."""
     if not argv or not argv[0]:
-        return printable(fallback)
-    text = printable(" ".join([os.path.basename(argv[0]), *argv[1:]]))
+        return fallback
+    text = " ".join([os.path.basename(argv[0]), *argv[1:]])
     return text if len(text) <= _COMMAND_MAX else text[: _COMMAND_MAX - 1] + "…"
 
 

@@ -30,9 +30,10 @@ from brokerd.queue_record import WaitRecord, WaitRecords
 from brokerd.queueing import LEFT, DurableQueue
 from brokerd.reaper import reap_after_end
 from brokerd.store import LeaseStore
-from brokerd.users import UserDirectory, printable
+from brokerd.users import UserDirectory
 from brokerd.views import CheckView, DeviceView, StatusView, device_view, device_views, find_device, leases_of, summary
 from brokerd.waiting import QueuedUpdate, WaitingRoom
+from vaccel_common.text import printable
 
 log = logging.getLogger("vaccel.brokerd")
 

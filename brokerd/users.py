@@ -13,9 +13,6 @@ from collections.abc import Callable
 
 from brokerd.process import Holder, Identity
 from brokerd.procinfo import process_info, user_name
-from brokerd.text import printable
-
-__all__ = ["UserDirectory", "printable"]
 
 NAME_TTL_S = 300.0
 ADMIN_TTL_S = 60.0
@@ -54,10 +51,10 @@ class UserDirectory:
 
     def holder(self, identity: Identity, command: str) -> Holder:
         """The process as others will see it: its user's name, and the command it says it
-        runs (else the one /proc shows), made printable: it is shown on other users'
-        terminals."""
-        shown = printable(command)
+        runs (else the one /proc shows), kept exact: whatever shows it to a person escapes
+        it there (vaccel_common/text.py)."""
+        shown = command
         if not shown:
             info = process_info(identity.pid)
-            shown = printable(info.command) if info else ""
+            shown = info.command if info else ""
         return Holder.of(identity, self.name(identity.uid), shown)

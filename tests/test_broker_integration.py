@@ -415,3 +415,11 @@ def test_cli_usage_errors_are_one_line(broker: Broker):
     r = subprocess.run([sys.executable, "-m", "brokerd.main", "--config", "/nonexistent/brokerd.toml"],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "no such configuration file" in r.stderr
+
+
+def test_a_memory_size_without_a_unit_is_refused_with_a_hint(broker: Broker):
+    """`--min-memory 20` would be 20 bytes, which nobody means: say so, don't lease."""
+    r = broker.vaccel("run", "--min-memory", "20", "--", "true")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip() == "vaccel: --min-memory 20: give a unit, e.g. 20GiB or 20MiB"
+    assert broker.vaccel("run", "--min-memory", "20GiB", "--", "true").returncode == 0

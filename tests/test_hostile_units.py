@@ -28,10 +28,10 @@ from brokerd.process import Holder, Identity, ProcessId
 from brokerd.procinfo import short_command, start_time
 from brokerd.reaper import lease_processes, signal_all
 from brokerd.state_dir import UnsafeStateDir, check_state_dir, lock_state_dir, write_private
-from brokerd.text import printable
 from brokerd.work_guard import WorkGuard
 from tests.hostile_client import alias_bomb, large_legal_spec
 from vaccel_common import paths
+from vaccel_common.text import printable
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to chown to another uid")
 
@@ -157,7 +157,16 @@ def test_a_request_another_user_blocks_still_reserves_in_fifo_order():
 def test_printable_escapes_control_bytes_visibly():
     assert printable("train.py --lr 3e-4") == "train.py --lr 3e-4"
     assert printable("\x1b[2Jx\ny\u202e") == "\\x1b[2Jx\\x0ay\\u202e"
-    assert short_command(["/usr/bin/\x1b]0;t\x07evil", "a\nb"]) == "\\x1b]0;t\\x07evil a\\x0ab"
+    # /proc's text is kept exact (--json shows it so) and escaped where it is shown.
+    assert short_command(["/usr/bin/\x1b]0;t\x07evil", "a\nb"]) == "\x1b]0;t\x07evil a\nb"
+
+
+def test_the_cli_text_output_escapes_what_others_set():
+    from vaccel import cli
+
+    table = cli._table([["l-1", "mallory", "\x1b]0;t\x07evil a\nb"]], ["LEASE", "USER", "COMMAND"])
+    assert table.splitlines()[1] == "l-1    mallory  \\x1b]0;t\\x07evil a\\x0ab"
+    assert cli._shown("queue:\n  1. bob \x1b[2J") == "queue:\n  1. bob \\x1b[2J"
 
 
 def test_log_lines_cannot_be_forged(caplog):

@@ -19,6 +19,7 @@ import grpc
 
 from vaccel.connection import BrokerConnection, BrokerUnavailable
 from vaccel.lease_types import LeaseError
+from vaccel_common.text import printable
 from vaccel_common.units import format_duration, format_mib, parse_duration, parse_size_mib
 from vaccel_common.v1 import broker_pb2 as pb
 
@@ -89,7 +90,14 @@ def _since(ts: float) -> str:
     return f"{time.strftime('%H:%M', time.localtime(ts))} ({format_duration(age)} ago)"
 
 
+def _shown(text: str) -> str:
+    """Text for a terminal: commands and names come from other users' processes exactly
+    as they set them (--json keeps them so); here nothing unprintable gets through."""
+    return "\n".join(printable(line) for line in text.split("\n"))
+
+
 def _table(rows: list[list[str]], header: list[str]) -> str:
+    rows = [[printable(str(c)) for c in r] for r in rows]
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
              for r in [header, *rows]]
@@ -152,7 +160,7 @@ def render_status(reply: pb.StatusReply) -> str:
 
 def cmd_status(args: argparse.Namespace) -> int:
     reply = _rpc(_connection(args), "Status", pb.StatusRequest())
-    print(json.dumps(status_json(reply), indent=2) if args.json else render_status(reply))
+    print(json.dumps(status_json(reply), indent=2) if args.json else _shown(render_status(reply)))
     return 0
 
 
@@ -178,7 +186,7 @@ def cmd_leases(args: argparse.Namespace) -> int:
              ",".join(f"gpu{d.index}" for d in lease.devices), lease.backend, _since(lease.granted_at),
              lease.state + (f" ({lease.end_reason})" if lease.end_reason else ""), lease.holder.command[:40]]
             for lease in reply.leases]
-    print(_table(rows, ["LEASE", "USER", "PID", "DEVICES", "BACKEND", "SINCE", "STATE", "COMMAND"]))
+    print(_shown(_table(rows, ["LEASE", "USER", "PID", "DEVICES", "BACKEND", "SINCE", "STATE", "COMMAND"])))
     return 0
 
 
@@ -231,6 +239,10 @@ def cmd_check(args: argparse.Namespace) -> int:
 def _size(text: str | None) -> int:
     if text is None:
         return 0
+    if text.strip().replace(".", "", 1).isdigit():
+        # A bare number would be bytes: `--min-memory 20` almost always means 20 GiB.
+        raise CliError(f"--min-memory {text.strip()}: give a unit, e.g. {text.strip()}GiB or {text.strip()}MiB",
+                       EXIT_USAGE)
     try:
         return parse_size_mib(text)
     except ValueError as exc:
@@ -300,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog="example: vaccel run --gpus 2 --min-memory 20GiB -- torchrun "
                               "--nproc_per_node 2 train.py")
     p.add_argument("--gpus", type=int, default=1, help="how many devices, all at once (default 1)")
-    p.add_argument("--min-memory", metavar="SIZE", help="memory each device must have, e.g. 20GiB")
+    p.add_argument("--min-memory", metavar="SIZE", help="memory each device must have, with a unit: 20GiB, 512MiB")
     p.add_argument("--contract", metavar="FILE", help="runtime-spec.yaml (default: ./runtime-spec.yaml if present)")
     p.add_argument("--config", metavar="FILE",
                    help="accelerator-config.yaml (default: ./accelerator-config.yaml if present)")
@@ -340,7 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the contract (default: ./runtime-spec.yaml if present)")
     p.add_argument("--config", metavar="FILE", help="accelerator-config.yaml")
     p.add_argument("--gpus", type=int, default=1, help="how many devices the job needs (default 1)")
-    p.add_argument("--min-memory", metavar="SIZE", help="memory each device must have")
+    p.add_argument("--min-memory", metavar="SIZE", help="memory each device must have, with a unit: 20GiB, 512MiB")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_check)
     return parser

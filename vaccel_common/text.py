@@ -2,6 +2,10 @@
 log line: every character that is not printable (control bytes, escape sequences, line
 breaks, bidi overrides) is written as a visible escape, so it can neither drive another
 user's terminal nor start a forged log line, and an admin still sees what was sent.
+
+The daemon keeps and sends such text exactly as it came (`--json` output shows it as
+it is); it is escaped where it is shown: the daemon's log lines (brokerd/journal.py) and
+the CLI's text output (vaccel/cli.py).
 """
 
 from __future__ import annotations
