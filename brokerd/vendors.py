@@ -123,3 +123,17 @@ SERIES_WORDS = frozenset({"rtx", "gtx", "max", "flex", "arc", "pro", "quadro", "
 # accelerator-config.yaml's section for the memory pool, named after the runtime that
 # introduced it; users write this key.
 MEMORY_POOL_SECTION = "rocm_config"
+
+# The local version labels ("2.1.0+cu121") upstream PyTorch publishes its wheels under, per
+# backend. A label outside these ("2.1.0a0+32f93b1" from a vendor's container, "+nv24.03")
+# marks a vendor's fork or a source build.
+UPSTREAM_TORCH_LABELS: dict[str, str] = {
+    "cuda": r"cu\d{2,3}",
+    "rocm": r"rocm\d+(?:\.\d+){0,2}",
+    "xpu": r"xpu",
+    "cpu": r"cpu(?:\.cxx11\.abi)?",
+}
+
+# Architectures whose unified memory pages on demand once XNACK is on (the memory pool
+# section's use_unified_memory); on others the runtime cannot confirm it.
+UNIFIED_MEMORY_ARCHS = frozenset({"gfx90a", "gfx940", "gfx941", "gfx942", "gfx950"})

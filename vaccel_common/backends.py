@@ -18,6 +18,10 @@ class Backend:
     dist_backend: str  # torch.distributed backend for multi-rank jobs
     # Variables that number devices within what the first filter left (0..n-1).
     renumbered_vars: tuple[str, ...] = ()
+    # The accelerator-config.yaml section whose memory settings apply to this backend ("" none).
+    memory_section: str = ""
+    # What turns on unified (demand-paged) memory for use_unified_memory: true.
+    unified_memory_env: tuple[tuple[str, str], ...] = ()
 
 
 BACKENDS: dict[str, Backend] = {
@@ -40,6 +44,9 @@ BACKENDS: dict[str, Backend] = {
         allocator_var="PYTORCH_HIP_ALLOC_CONF",
         torch_device_type="cuda",
         dist_backend="nccl",
+        memory_section="rocm_config",
+        # XNACK lets the GPU retry a page fault, so managed and host memory migrate on use.
+        unified_memory_env=(("HSA_XNACK", "1"),),
     ),
     "xpu": Backend(
         name="xpu",
@@ -88,11 +95,17 @@ def lease_env(
     allocator_config: str = "",
     memory_cap_mib: int = 0,
     simulated: bool = False,
+    memory_pool_mib: int = 0,
+    unified_memory: bool = False,
 ) -> dict[str, str]:
     """The variables a lease applies before any device runtime starts.
 
     `device_ids` are the devices' visible ids as the daemon sends them: UUIDs where the
     runtime accepts them (order-proof), per-vendor ordinals where it does not.
+    `memory_pool_mib` and `unified_memory` are the accelerator config's memory section
+    (see `memory_settings`); they apply only to the backend that section names: the pool
+    bounds the caching allocator (the per-process cap, the smaller of it and the daemon's),
+    unified memory sets the backend's `unified_memory_env`.
     """
     b = backend(backend_name)
     env: dict[str, str] = {
@@ -108,8 +121,29 @@ def lease_env(
     env.update(dict(b.extra_env))
     if allocator_config and b.allocator_var:
         env[b.allocator_var] = allocator_config
+    if b.memory_section and memory_pool_mib:
+        memory_cap_mib = min(memory_cap_mib, memory_pool_mib) if memory_cap_mib else memory_pool_mib
+    if b.memory_section and unified_memory:
+        env.update(dict(b.unified_memory_env))
     if memory_cap_mib:
         env["VACCEL_MEMORY_CAP_MIB"] = str(memory_cap_mib)
     if simulated:
         env["VACCEL_SIMULATED"] = "1"
     return env
+
+
+def memory_settings(accelerator_config_yaml: str, backend_name: str) -> tuple[int, bool]:
+    """(memory_pool_mib, unified_memory) of an accelerator config's memory section for
+    `backend_name`'s leases; (0, False) when the config has none or it names another
+    backend. The daemon validated the text before granting; here it is only read."""
+    section = BACKENDS[backend_name].memory_section if backend_name in BACKENDS else ""
+    if not accelerator_config_yaml or not section:
+        return 0, False
+    import yaml  # only for a lease that brings a config: `vaccel run` starts without it
+
+    document = yaml.safe_load(accelerator_config_yaml)
+    settings = document.get(section) if isinstance(document, dict) else None
+    if not isinstance(settings, dict):
+        return 0, False
+    pool = settings.get("memory_pool_size_mb") or 0
+    return int(pool), settings.get("use_unified_memory") is True

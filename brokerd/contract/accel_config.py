@@ -10,8 +10,8 @@ settings the client's accelerator applies (AMP, the memory pool).
       - priority: 2
         criteria: [{type: gpu_vendor, equals: VENDOR}]
     runtime_contract: ./runtime-spec.yaml
-    MEMORY_POOL_SECTION: {memory_pool_size_mb: 16384}
-    amp_config: {dtype: bfloat16, grad_scaler: false}
+    MEMORY_POOL_SECTION: {memory_pool_size_mb: 16384, use_unified_memory: false}
+    amp_config: {backend: native, dtype: bfloat16, grad_scaler: false}
 
 ARCH, VENDOR and the memory pool section's key come from the vendor table
 (brokerd/vendors.py). The schema, with every name spelled out, is in docs/contracts.md.
@@ -58,6 +58,8 @@ TOP_LEVEL_KEYS = ("backend", "device_selection_policy", "runtime_contract", MEMO
 BACKEND_WORDS = ("auto", *BACKENDS, *BACKEND_ALIASES)
 AMP_DTYPES = ("float16", "bfloat16", "none")
 AMP_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16"}
+# amp_config.backend: the AMP implementation; torch's own (torch.amp) is the only one.
+AMP_BACKENDS = ("native",)
 # criterion type -> the comparison keys it takes
 CRITERIA: dict[str, tuple[str, ...]] = {
     "gpu_compute_capability": ("min", "max", "equals"),
@@ -151,6 +153,7 @@ class AcceleratorConfig:
     priorities: tuple[Priority, ...] = ()  # sorted by priority
     runtime_contract: str = ""  # as written; the client resolves it against the file
     memory_pool_size_mb: int = 0
+    use_unified_memory: bool | None = None  # None when not given
     amp_dtype: str = ""  # float16 | bfloat16 | none; "" when not given
     grad_scaler: bool | None = None
 
@@ -184,23 +187,38 @@ def parse_accelerator_config(text: str, name: str = "accelerator-config.yaml") -
         values["runtime_contract"] = expect_text(source, top["runtime_contract"],
                                                  "runtime_contract")
     if MEMORY_POOL_SECTION in top:
-        pool = expect_mapping(source, top[MEMORY_POOL_SECTION], MEMORY_POOL_SECTION,
-                              ("memory_pool_size_mb",))
-        if "memory_pool_size_mb" in pool:
-            node = pool["memory_pool_size_mb"]
-            key = f"{MEMORY_POOL_SECTION}.memory_pool_size_mb"
-            size = expect_number(source, node, key)
-            if size != int(size):
-                raise source.error(node.line, key, f"expected a whole number of MB, got {node.raw}")
-            values["memory_pool_size_mb"] = int(size)
+        values.update(_memory_section(source, top[MEMORY_POOL_SECTION]))
     if "amp_config" in top:
         values.update(_amp(source, top["amp_config"]))
     return AcceleratorConfig(**values)  # type: ignore[arg-type]
 
 
-def _amp(source: Source, node: Located) -> dict[str, object]:
-    amp = expect_mapping(source, node, "amp_config", ("dtype", "grad_scaler"))
+def _memory_section(source: Source, node: Located) -> dict[str, object]:
+    pool = expect_mapping(source, node, MEMORY_POOL_SECTION,
+                          ("memory_pool_size_mb", "use_unified_memory"))
     out: dict[str, object] = {}
+    if "memory_pool_size_mb" in pool:
+        size_node = pool["memory_pool_size_mb"]
+        key = f"{MEMORY_POOL_SECTION}.memory_pool_size_mb"
+        size = expect_number(source, size_node, key)
+        if size != int(size):
+            raise source.error(size_node.line, key, f"expected a whole number of MB, got {size_node.raw}")
+        out["memory_pool_size_mb"] = int(size)
+    if "use_unified_memory" in pool:
+        out["use_unified_memory"] = expect_bool(source, pool["use_unified_memory"],
+                                                f"{MEMORY_POOL_SECTION}.use_unified_memory")
+    return out
+
+
+def _amp(source: Source, node: Located) -> dict[str, object]:
+    amp = expect_mapping(source, node, "amp_config", ("backend", "dtype", "grad_scaler"))
+    out: dict[str, object] = {}
+    if "backend" in amp:
+        word = expect_text(source, amp["backend"], "amp_config.backend").lower()
+        if word not in AMP_BACKENDS:
+            raise source.error(amp["backend"].line, "amp_config.backend",
+                               f"only 'native' (torch.amp autocast and GradScaler) is "
+                               f"supported, got {word!r}")
     if "dtype" in amp:
         dtype_node = amp["dtype"]
         # YAML reads a bare `none` as text but `null`/`~` as nothing: both mean no AMP.

@@ -1,6 +1,6 @@
 """The checks of a requirement against each device and against the client's environment.
 
-Each check yields one `CheckLine` (OK, WARN or ERROR) with a message that names what was
+Each check yields one `CheckLine` (OK, INFO, WARN or ERROR) with a message that names what was
 required and what was found, so `vaccel check` can print it as it is. A device is
 eligible when none of its lines is an ERROR; the requirement is satisfiable when no
 host-wide check failed and enough eligible devices share one backend (one process
@@ -16,8 +16,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from brokerd.contract.accel_config import AcceleratorConfig
+from brokerd.contract.config_checks import amp_line, memory_section_lines
 from brokerd.contract.model import CheckLine, ClientFacts, Evaluation, Requirement
-from brokerd.contract.spec import Dependency, RuntimeSpec
+from brokerd.contract.spec import TORCH_NAMES, Dependency, RuntimeSpec
+from brokerd.contract.torch_build import wheel_line
 from brokerd.contract.versions import (
     at_least,
     compare_driver_versions,
@@ -42,7 +44,6 @@ TORCH_BUILD = "PyTorch build"
 KERNELS = "Kernel image"
 RUNTIME = "Runtime version"
 DISTRIBUTED = "torch.distributed"
-TORCH_NAMES = ("pytorch", "torch")
 
 
 
@@ -136,18 +137,26 @@ def device_checks(device: Device, requirement: Requirement, spec: RuntimeSpec,
     if minimum and device.vendor != "cpu":
         lines.extend(_driver_line(device, name, minimum))
     facts = requirement.facts
+    needs_distributed = spec.distributed or spec.full_distribution
     if facts.torch_version and device.simulated and not facts.torch_backend:
         # A simulated device computes on the CPU (see vaccel.accelerator): a CPU-only torch
         # is exactly what runs there, so there is nothing to refuse or warn about.
         add("OK", TORCH_BUILD, f"torch {facts.torch_version} (CPU build); {name} is simulated and "
             "computes on the CPU")
+        if spec.vendor_agnostic_wheel:
+            lines.append(wheel_line(device, name, facts))
+        if needs_distributed:
+            lines.extend(_distributed_line(device, facts, required=True, backend="cpu"))
     elif facts.torch_version and device.vendor != "cpu":
         torch_lines = _torch_lines(device, name, facts)
+        if spec.vendor_agnostic_wheel:
+            torch_lines.append(wheel_line(device, name, facts))
         if requirement.spec is None and requirement.config is None:
             torch_lines = [_advisory(ln) for ln in torch_lines]
         lines.extend(torch_lines)
-        if requirement.gpus > 1 or spec.distributed:
-            lines.extend(_distributed_line(device, facts, required=spec.distributed))
+        if requirement.gpus > 1 or needs_distributed:
+            lines.extend(_distributed_line(device, facts, required=needs_distributed))
+    lines.extend(memory_section_lines(device, name, config))
     return lines
 
 
@@ -253,8 +262,11 @@ def _runtime_line(device: Device, name: str, facts: ClientFacts) -> list[CheckLi
                       f"({name})", device.uuid)]
 
 
-def _distributed_line(device: Device, facts: ClientFacts, *, required: bool) -> list[CheckLine]:
-    wanted = BACKENDS[device.backend].dist_backend if device.backend in BACKENDS else ""
+def _distributed_line(device: Device, facts: ClientFacts, *, required: bool,
+                      backend: str = "") -> list[CheckLine]:
+    """torch.distributed with the collective of `backend` (the device's when not given)."""
+    backend = backend or device.backend
+    wanted = BACKENDS[backend].dist_backend if backend in BACKENDS else ""
     level = "ERROR" if required else "WARN"
     if not facts.distributed_available:
         return [CheckLine(level, DISTRIBUTED, f"not available in torch {facts.torch_version}",
@@ -288,6 +300,8 @@ def host_checks(spec: RuntimeSpec, config: AcceleratorConfig,
     if config.grad_scaler and config.amp_dtype in ("bfloat16", "none"):
         lines.append(CheckLine("WARN", "AMP", f"grad_scaler has no effect with dtype "
                                f"{config.amp_dtype} ({config.name})"))
+    elif config.amp_dtype:
+        lines.append(amp_line(config))
     return lines
 
 

@@ -27,7 +27,7 @@ class ClientFacts:
 
 @dataclass(frozen=True)
 class CheckLine:
-    level: str  # OK | WARN | ERROR
+    level: str  # OK | INFO | WARN | ERROR (INFO: a setting that does not apply here)
     name: str
     message: str
     device_uuid: str = ""

@@ -8,6 +8,8 @@
     dependencies:
       - name: pytorch
         version_range: "2.1.0,2.2.0"       # >=2.1.0,<2.2.0
+        vendor_agnostic_wheel: true        # an upstream torch build for the leased backend
+        full_distribution: true            # torch.distributed with the backend's collective
 
 ARCH is an architecture as the vendor table (brokerd/vendors.py) spells it. The full
 schema is in docs/contracts.md. Every error names the file, line and key.
@@ -40,12 +42,15 @@ from vaccel_common.units import parse_size_mib
 
 __all__ = ["ContractError", "Dependency", "RuntimeSpec", "parse_min_memory", "parse_runtime_spec"]
 
+TORCH_NAMES = ("pytorch", "torch")
 TOP_LEVEL_KEYS = ("required_features", "dependencies", "name", "description")
 FEATURE_KEYS = (
     "gpu_compute_capability", "memory_bandwidth_gbps", "driver_version_min", "min_memory",
     "distributed",
 )
-DEPENDENCY_KEYS = ("name", "version_range")
+DEPENDENCY_KEYS = ("name", "version_range", "vendor_agnostic_wheel", "full_distribution")
+# Keys the client can answer for torch only: it reports torch's build, not other packages'.
+TORCH_ONLY_KEYS = ("vendor_agnostic_wheel", "full_distribution")
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,8 @@ class Dependency:
     name: str
     version_range: VersionRange | None  # None: any installed version
     line: int = 0
+    vendor_agnostic_wheel: bool = False  # torch only: an upstream build for the leased backend
+    full_distribution: bool = False  # torch only: torch.distributed with the backend's collective
 
 
 @dataclass(frozen=True)
@@ -77,6 +84,14 @@ class RuntimeSpec:
             return self.driver_version_min_by_vendor[vendor]
         named = {c.vendor for c in self.compute_capabilities}
         return self.driver_version_min if not named or vendor in named else ""
+
+    @property
+    def vendor_agnostic_wheel(self) -> bool:
+        return any(d.vendor_agnostic_wheel for d in self.dependencies)
+
+    @property
+    def full_distribution(self) -> bool:
+        return any(d.full_distribution for d in self.dependencies)
 
     def capability_for(self, vendor: str) -> Capability | None:
         return next((c for c in self.compute_capabilities if c.vendor == vendor), None)
@@ -214,5 +229,12 @@ def _dependencies(source: Source, node: Located) -> tuple[Dependency, ...]:
                 version_range = parse_version_range(text)
             except ValueError as exc:
                 raise source.error(range_node.line, f"{where}.version_range", str(exc)) from None
-        deps.append(Dependency(dep_name, version_range, entry.line))
+        flags = {key: expect_bool(source, mapping[key], f"{where}.{key}")
+                 for key in TORCH_ONLY_KEYS if key in mapping}
+        if canonical not in TORCH_NAMES and any(flags.values()):
+            key = next(k for k, v in flags.items() if v)
+            raise source.error(mapping[key].line, f"{where}.{key}",
+                               f"applies to pytorch only (the client reports torch's build, "
+                               f"not {dep_name}'s); move it to the pytorch entry")
+        deps.append(Dependency(dep_name, version_range, entry.line, **flags))
     return tuple(deps)

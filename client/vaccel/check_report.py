@@ -5,8 +5,14 @@
     [CHECK] GPU compute capability: <arch> - OK
     GPU 2  <device name>  not eligible
     [ERROR] GPU compute capability: required <arch>, found <other arch> — suggestion: ...
+    [INFO] <section>: not applicable to <backend> (<device>): ...
+    Result: satisfiable (1 of 4 device(s) eligible)
+    Suggestion: ...
+    [SUCCESS] All checks passed. Environment is compatible.
 
-(docs/contracts.md shows real output; the lines come from the daemon as they are.)
+The last line, in the article's runtime-checker shape, comes only when the host can
+satisfy the contract and no line is an ERROR. (docs/contracts.md shows real output; the
+lines come from the daemon as they are.)
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from vaccel_common.v1 import broker_pb2
 def render_line(line: broker_pb2.CheckLine) -> str:
     if line.level == "OK":
         return f"[CHECK] {line.name}: {line.message} - OK"
-    tag = "[WARN]" if line.level == "WARN" else "[ERROR]"
+    tag = {"WARN": "[WARN]", "INFO": "[INFO]"}.get(line.level, "[ERROR]")
     text = f"{tag} {line.name}: {line.message}"
     return f"{text} — suggestion: {line.suggestion}" if line.suggestion else text
 
@@ -38,6 +44,11 @@ def render_check(reply: broker_pb2.CheckReply) -> str:
         out.append(f"Result: NOT satisfiable: {reply.summary}" if reply.summary
                    else "Result: NOT satisfiable")
     out.extend(f"Suggestion: {s}" for s in reply.suggestions)
+    lines = [*reply.host_checks, *(ln for dc in reply.devices for ln in dc.checks)]
+    if reply.satisfiable and lines and not any(ln.level == "ERROR" for ln in lines):
+        warnings = sum(1 for ln in lines if ln.level == "WARN")
+        noted = f" ({warnings} warning(s) above)" if warnings else ""
+        out.append(f"[SUCCESS] All checks passed. Environment is compatible{noted}.")
     return "\n".join(out)
 
 

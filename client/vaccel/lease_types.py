@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from vaccel_common.backends import lease_env
+from vaccel_common.backends import lease_env, memory_settings
 from vaccel_common.v1 import broker_pb2 as pb
 
 
@@ -58,6 +58,7 @@ class Lease:
         self.joined = joined
         self.warnings = [f"{w.name}: {w.message}" for w in msg.warnings]
         self.heartbeat_interval_s: float = msg.heartbeat_interval_s or 5.0
+        pool_mib, unified_memory = memory_settings(msg.accelerator_config_yaml, msg.backend)
         self.env: dict[str, str] = lease_env(
             lease_id=msg.id,
             backend_name=msg.backend,
@@ -65,6 +66,8 @@ class Lease:
             allocator_config=msg.allocator_config,
             memory_cap_mib=msg.memory_cap_mib,
             simulated=msg.simulated,
+            memory_pool_mib=pool_mib,
+            unified_memory=unified_memory,
         )
         self._lost_reason = ""
         self._released = False

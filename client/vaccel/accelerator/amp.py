@@ -2,7 +2,8 @@
 
 It comes from, in order: the `amp=` argument, the `amp_config` of the accelerator-config
 file the lease names in VACCEL_ACCELERATOR_CONFIG, else full precision. The daemon has
-validated the file; here we only read it.
+validated the file; here we only read it: `dtype` is autocast's dtype, `grad_scaler:
+false` turns the float16 GradScaler off, and `backend` must be `native` (torch.amp).
 """
 
 from __future__ import annotations
@@ -69,6 +70,11 @@ def _policy_from_file(path: Path) -> AmpPolicy:
     except OSError as err:
         raise ValueError(f"cannot read accelerator config {path} ({CONFIG_ENV}): {err}") from err
     amp_config = (document or {}).get("amp_config") or {}
+    backend = str(amp_config.get("backend", "native")).lower()
+    if backend != "native":
+        # The daemon refuses such a file; a config read without it must not be half-applied.
+        raise ValueError(f"{path}: amp_config.backend {backend!r} is not supported; use native "
+                         "(torch.amp autocast and GradScaler)")
     raw_dtype = amp_config.get("dtype", "none")
     dtype = parse_dtype("none" if raw_dtype is None else str(raw_dtype))
     # A config may turn the scaler off for float16 (e.g. a loss known to be well scaled);
