@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import subprocess
 import sys
@@ -38,7 +37,7 @@ from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.leases import Bench, BenchError, Sizes
+from bench.leases import Bench, BenchError, Sizes, print_outcome
 from bench.startup import vaccel_command
 from bench.stats import median, summary_ms
 
@@ -290,16 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     if not counts or min(counts) < 1 or args.samples < 1:
         print("bench: --waiters takes positive integers (1,8) and --samples at least 1", file=sys.stderr)
         return 2
-    try:
-        result = run(counts, args.samples, args.hold, args.whole_hold, args.exit_hold)
-    except KeyboardInterrupt:
-        print("bench: interrupted; servers and temp files cleaned up", file=sys.stderr)
-        return 130
-    except BenchError as exc:
-        print(f"bench: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(result, indent=2) if args.json else render(result))
-    return 0
+    return print_outcome(lambda: run(counts, args.samples, args.hold, args.whole_hold, args.exit_hold),
+                         render, args.json)
 
 
 if __name__ == "__main__":

@@ -79,6 +79,22 @@ class BenchError(RuntimeError):
     """A server or client of the benchmark failed; the message says which and why."""
 
 
+def print_outcome(measure: Callable[[], dict[str, Any]], render: Callable[[dict[str, Any]], str],
+                  as_json: bool) -> int:
+    """Run a benchmark and print its figures (JSON or the table); main()'s exit status:
+    0, 1 when a server or client failed, 130 on Ctrl-C (everything is cleaned up)."""
+    try:
+        result = measure()
+    except KeyboardInterrupt:
+        print("bench: interrupted; servers and temp files cleaned up", file=sys.stderr)
+        return 130
+    except BenchError as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=2) if as_json else render(result))
+    return 0
+
+
 @dataclass(frozen=True)
 class Sizes:
     """How many operations each run does."""
@@ -527,17 +543,11 @@ def main(argv: list[str] | None = None) -> int:
     sizes = QUICK if args.quick else FULL
     if args.ops is not None:
         sizes = Sizes(single_ops=10 * args.ops, ops_per_thread=args.ops, warmup=sizes.warmup)
-    try:
+    def measure() -> dict[str, Any]:
         with _terminate_as_exit():
-            result = run(args.processes, args.clients // args.processes, sizes)
-    except KeyboardInterrupt:
-        print("bench: interrupted; servers and temp files cleaned up", file=sys.stderr)
-        return 130
-    except BenchError as exc:
-        print(f"bench: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(result, indent=2) if args.json else render(result))
-    return 0
+            return run(args.processes, args.clients // args.processes, sizes)
+
+    return print_outcome(measure, render, args.json)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import queue
 import random
@@ -42,7 +41,7 @@ from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.leases import Bench, BenchError, Sizes
+from bench.leases import Bench, BenchError, Sizes, print_outcome
 from bench.startup import vaccel_command
 from bench.stats import median, percentile
 
@@ -507,17 +506,8 @@ def main(argv: list[str] | None = None) -> int:
     if window <= 0 or status_runs < 1 or grants < 1:
         print("bench: --window, --status-runs and --grants must be positive", file=sys.stderr)
         return 2
-    try:
-        budget = args.join_budget if args.join_budget is not None else (120.0 if args.long else 15.0)
-        result = run(devices, waiters, window, status_runs, grants, budget)
-    except KeyboardInterrupt:
-        print("bench: interrupted; servers and temp files cleaned up", file=sys.stderr)
-        return 130
-    except BenchError as exc:
-        print(f"bench: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(result, indent=2) if args.json else render(result))
-    return 0
+    budget = args.join_budget if args.join_budget is not None else (120.0 if args.long else 15.0)
+    return print_outcome(lambda: run(devices, waiters, window, status_runs, grants, budget), render, args.json)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ Figures are printed, never asserted.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -28,7 +27,7 @@ from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.leases import Bench, BenchError, Sizes
+from bench.leases import Bench, BenchError, Sizes, print_outcome
 from bench.stats import summary_ms
 
 RUN_GOAL_MS = 100.0
@@ -134,16 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.runs < 1:
         print("bench: --runs must be at least 1", file=sys.stderr)
         return 2
-    try:
-        result = run(args.runs)
-    except KeyboardInterrupt:
-        print("bench: interrupted; servers and temp files cleaned up", file=sys.stderr)
-        return 130
-    except BenchError as exc:
-        print(f"bench: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(result, indent=2) if args.json else render(result))
-    return 0
+    return print_outcome(lambda: run(args.runs), render, args.json)
 
 
 if __name__ == "__main__":
