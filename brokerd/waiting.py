@@ -93,11 +93,14 @@ class WaitingRoom:
         devices = manager.devices
         held = tuple(device_view(manager, devices[uuid]) for uuid in manager.owner if uuid in devices)
         summary = manager.holders_summary()
-        for request in manager.queue:
+        total = len(manager.queue)
+        # One pass: asking the manager for each request's place would make this quadratic
+        # in the queue's length, and it runs on every grant and every change of the queue.
+        for place, request in enumerate(manager.queue, start=1):
             box = self._boxes.get(request.id)
             if box is None:
                 continue
-            position = manager.queue_position(request.id)
+            position = (place, total)
             if position == box.last_position:
                 continue
             box.last_position = position
