@@ -163,3 +163,35 @@ def test_a_waiter_gets_a_device_freed_by_expiry_of_several_leases_at_once(tmp_pa
 
     granted, owner = asyncio.run(scenario())
     assert owner == {granted.devices[0]: granted.id}
+
+
+def test_a_waiter_blocked_by_its_own_lease_is_told_why(tmp_path: Path):
+    """It keeps no device back from others (brokerd/reservations.py), so its queue line
+    must say what it waits for: one of its own user's leases to end."""
+    async def scenario() -> tuple[str, str]:
+        store = LeaseStore(tmp_path)
+        store.open()
+        devices = tuple(Device(i, f"GPU-{i}", "nvidia", "card", 1024, "cuda", "sm_80", simulated=True)
+                        for i in range(2))
+        service = BrokerService(Config(state_dir=tmp_path), store, Snapshot(devices, simulated=True))
+        service.restore([], [])
+        try:
+            holding = service.acquire(me(), Requirement(1), wait=False, max_wait_s=None)
+            assert isinstance(await anext(holding), Lease)
+            greedy = service.acquire(me(), Requirement(2), wait=True, max_wait_s=None)
+            own = await anext(greedy)
+            other = Identity(os.getuid() + 1, os.getgid(), os.getpid(), start_time(os.getpid()) or 0)
+            fair = service.acquire(other, Requirement(2), wait=True, max_wait_s=None)
+            theirs = await anext(fair)
+            assert isinstance(own, QueuedUpdate) and isinstance(theirs, QueuedUpdate)
+            await greedy.aclose()
+            await fair.aclose()
+            return own.message, theirs.message
+        finally:
+            await service.close()
+            store.close()
+
+    own, theirs = asyncio.run(scenario())
+    assert own.startswith("waiting for 2 GPUs: position 1 of 1 (blocked by your own leases: it starts once "
+                          "you release one); "), own
+    assert theirs.startswith("waiting for 2 GPUs: position 2 of 2; "), theirs
