@@ -37,7 +37,7 @@ from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.leases import Bench, BenchError, Sizes, print_outcome
+from bench.leases import Bench, BenchError, Sizes, end_processes, print_outcome
 from bench.startup import vaccel_command
 from bench.stats import median, summary_ms
 
@@ -127,7 +127,7 @@ def in_process_release(bench: Bench, path: str, waiters: int, samples: int, hold
         got = _collect(events, samples + waiters + 2, 60 + samples * hold_s * 4, procs)
     finally:
         stop.set()
-        _end(procs)
+        end_processes(procs)
     return _handovers(got)[waiters + 1:]
 
 
@@ -152,19 +152,9 @@ def in_process_exit(bench: Bench, path: str, waiters: int, samples: int, hold_s:
                 grants += 1
                 spawn()  # the next in line for the one that will exit: W stay waiting
     finally:
-        _end(procs)
+        end_processes(procs)
     return _handovers(got)[waiters:]
 
-
-def _end(procs: list[Any]) -> None:
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    for p in procs:
-        p.join(timeout=5)
-        if p.is_alive():
-            p.kill()
-            p.join()
 
 
 # -- whole process -------------------------------------------------------------------------

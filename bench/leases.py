@@ -258,7 +258,7 @@ class Bench:
 
     def close(self) -> None:
         try:
-            _end_processes(self._children)
+            end_processes(self._children)
             self._children.clear()
             self.stop_broker()
         finally:
@@ -346,7 +346,7 @@ class Bench:
             for p in procs:
                 p.join(timeout=5)  # they have reported: only exiting is left
         finally:
-            _end_processes(procs)
+            end_processes(procs)
             for p in procs:
                 self._children.remove(p)
         began = min(d[0] for d in done)
@@ -374,7 +374,7 @@ class Bench:
         return got
 
 
-def _end_processes(procs: list[Any]) -> None:
+def end_processes(procs: list[Any]) -> None:
     """Terminate what is still running (SIGTERM, then SIGKILL) and reap everything."""
     for p in procs:
         if p.is_alive():

@@ -41,7 +41,7 @@ from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.leases import Bench, BenchError, Sizes, print_outcome
+from bench.leases import Bench, BenchError, Sizes, end_processes, print_outcome
 from bench.startup import vaccel_command
 from bench.stats import median, percentile
 
@@ -383,20 +383,10 @@ def measure_devices(bench: Bench, devices: int, waiter_counts: list[int], window
     finally:
         stop.set()
         pollers.join(timeout=5)
-        _end([holder, *waiters])
+        end_processes([c.proc for c in (holder, *waiters)])
         bench.stop_broker()
     return rows
 
-
-def _end(clients: list[_Remote]) -> None:
-    for c in clients:
-        if c.proc.is_alive():
-            c.proc.terminate()
-    for c in clients:
-        c.proc.join(timeout=5)
-        if c.proc.is_alive():
-            c.proc.kill()
-            c.proc.join()
 
 
 def run(device_counts: list[int], waiter_counts: list[int], window_s: float, status_runs: int,
