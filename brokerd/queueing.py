@@ -69,7 +69,7 @@ class DurableQueue:
             if why:
                 log_event("dequeue", f"queued request {record.request_id} of {holder.user} dropped: {why}",
                           user=holder.user, pid=holder.pid, request_id=record.request_id)
-                self._spawn(self._saved(self.store.save_dequeued(record.request_id)))
+                self._unrecord(record.request_id)
                 self._forget_if_idle(holder.process)
                 continue
             terms = LeaseTerms(allocator_config=self.config.allocator_config,
@@ -99,9 +99,13 @@ class DurableQueue:
         yield lease
         self._delivered(record)
 
+    def _unrecord(self: BrokerService, request_id: str) -> None:
+        """Take the request off the queue on disk; nobody waits for that commit."""
+        self._spawn(self._logged(self.store.save_dequeued(request_id), "a change of the queue"))
+
     def _delivered(self: BrokerService, record: WaitRecord) -> None:
         self.records.drop(record.request_id)
-        self._spawn(self._saved(self.store.save_dequeued(record.request_id)))
+        self._unrecord(record.request_id)
 
     async def _wait_in_queue(
         self: BrokerService, record: WaitRecord, box: Mailbox, saved: asyncio.Future[None] | None = None
@@ -114,9 +118,7 @@ class DurableQueue:
             if saved is not None:
                 try:
                     await asyncio.shield(saved)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
+                except Exception as exc:  # CancelledError (the client left) is no Exception: it passes
                     raise Internal(f"the broker could not record the request durably: {exc}") from exc
             self.waiting.announce(self.manager)
             self.on_change()
@@ -168,7 +170,7 @@ class DurableQueue:
         holder = record.holder
         log_event("dequeue", f"request {record.request_id} of {holder.user} left the queue: {why}",
                   user=holder.user, pid=holder.pid, request_id=record.request_id)
-        self._spawn(self._saved(self.store.save_dequeued(record.request_id)))
+        self._unrecord(record.request_id)
         self._forget_if_idle(holder.process)
         self.waiting.announce(self.manager)
         self._spawn(self._pump())
@@ -185,7 +187,7 @@ class DurableQueue:
             except Internal as exc:
                 if not self.waiting.post(request_id, exc):  # the waiter hears of it rather than waiting forever
                     self.records.drop(request_id)
-                    self._spawn(self._saved(self.store.save_dequeued(request_id)))
+                    self._unrecord(request_id)
                 continue
             # Posted after the commit: a waiter that left meanwhile gets its devices handed
             # back; one away because of a restart finds its grant when it comes back.
@@ -225,10 +227,3 @@ class DurableQueue:
             return
         if lease.active and not self.stopping:
             self._end(lease.id, RELEASED, LEFT)
-
-    @staticmethod
-    async def _saved(saved: asyncio.Future[None]) -> None:
-        try:
-            await saved
-        except Exception as exc:
-            log.error("could not record a change of the queue: %s", exc)

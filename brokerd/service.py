@@ -270,11 +270,12 @@ class BrokerService(DurableQueue):
         return saved
 
     @staticmethod
-    async def _logged(saved: asyncio.Future[None]) -> None:
+    async def _logged(saved: asyncio.Future[None], what: str = "the end of a lease") -> None:
+        """Await a commit nobody waits for; a failure is logged, naming `what` was lost."""
         try:
             await saved
         except Exception as exc:
-            log.error("could not record the end of a lease: %s", exc)
+            log.error("could not record %s: %s", what, exc)
 
     def _forget_if_idle(self, process: ProcessId) -> None:
         """Stop watching a process that holds nothing and waits for nothing."""
@@ -288,7 +289,7 @@ class BrokerService(DurableQueue):
                       pid=process.pid, request_id=request.id)
             self.waiting.close(request.id, QueuedUpdate(0, 0, "holder exited", ()))
             self.records.drop(request.id)
-            self._spawn(self._saved(self.store.save_dequeued(request.id)))
+            self._unrecord(request.id)
         for lease in ended:
             self._spawn(self._logged(self._record_end(lease)))
         if dropped:
