@@ -63,3 +63,9 @@ class Request:
 class Grant:
     request: Request
     lease: Lease
+
+
+def heartbeat_interval(ttl_s: float) -> float:
+    """Beat often enough that two lost beats still fit in the TTL, and at least every 5 s
+    so a revoked holder hears of it promptly."""
+    return max(0.2, min(ttl_s / 4, 5.0))

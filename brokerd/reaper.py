@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from brokerd.journal import log_event
-from brokerd.lease_model import RELEASED, Lease
+from brokerd.lease_model import RELEASED, Lease, heartbeat_interval
 from brokerd.process import ProcessId
 from brokerd.procinfo import PROC, ancestors
 
@@ -35,10 +35,9 @@ _tasks: set[asyncio.Task[None]] = set()
 
 
 def client_grace_s(ttl_s: float) -> float:
-    """Two heartbeat intervals (the client's own rule, brokerd/servicer.py) plus slack:
-    the time a live client needs to hear of the end and stop its command itself."""
-    interval = max(0.2, min(ttl_s / 4, 5.0))
-    return 2 * interval + 2.0
+    """Two heartbeat intervals plus slack: the time a live client needs to hear of the end
+    and stop its command itself."""
+    return 2 * heartbeat_interval(ttl_s) + 2.0
 
 
 def reap_after_end(lease: Lease, ttl_s: float, *, term_grace_s: float = TERM_GRACE_S) -> None:

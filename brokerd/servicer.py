@@ -19,7 +19,7 @@ from brokerd.contract.spec import ContractError
 from brokerd.devices import Device
 from brokerd.errors import LeaseError
 from brokerd.identity import TokenAuthority, TokenError
-from brokerd.lease_model import Lease
+from brokerd.lease_model import Lease, heartbeat_interval
 from brokerd.process import Holder, Identity
 from brokerd.service import BrokerService
 from brokerd.views import DeviceView
@@ -271,12 +271,6 @@ def rebuild_request(spec: bytes) -> tuple[Requirement, str]:
         request.accelerator_config_name or "accelerator-config.yaml", request.client,
     )
     return requirement, request.accelerator_config_yaml
-
-
-def heartbeat_interval(ttl_s: float) -> float:
-    """Beat often enough that two lost beats still fit in the TTL, and at least every 5 s
-    so a revoked holder hears of it promptly."""
-    return max(0.2, min(ttl_s / 4, 5.0))
 
 
 def _validate_acquire(request: pb.AcquireRequest) -> str:
