@@ -28,7 +28,7 @@ class ProcInfo:
     starttime: int
 
 
-def _stat_fields(pid: int, proc_root: Path) -> list[str] | None:
+def stat_fields(pid: int, proc_root: Path) -> list[str] | None:
     """Fields 3.. of /proc/PID/stat (after the command name, which may hold spaces and
     parentheses, so split at the last ')')."""
     try:
@@ -88,7 +88,7 @@ def _argv(pid: int, proc_root: Path) -> list[str]:
 
 def process_info(pid: int, proc_root: Path = PROC) -> ProcInfo | None:
     """Owner, command, parent and start time of `pid`, or None when it does not exist."""
-    fields = _stat_fields(pid, proc_root)
+    fields = stat_fields(pid, proc_root)
     uid = _uid(pid, proc_root)
     if fields is None or uid is None:
         return None
@@ -104,7 +104,7 @@ def process_info(pid: int, proc_root: Path = PROC) -> ProcInfo | None:
 
 def start_time(pid: int, proc_root: Path = PROC) -> int | None:
     """Start time of `pid` in clock ticks since boot, or None when it does not exist."""
-    fields = _stat_fields(pid, proc_root)
+    fields = stat_fields(pid, proc_root)
     return int(fields[19]) if fields else None
 
 
@@ -115,7 +115,7 @@ def ancestors(pid: int, proc_root: Path = PROC) -> list[int]:
     seen = {pid}
     current = pid
     while True:
-        fields = _stat_fields(current, proc_root)
+        fields = stat_fields(current, proc_root)
         if fields is None:
             return chain
         parent = int(fields[1])

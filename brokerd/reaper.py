@@ -28,7 +28,7 @@ from pathlib import Path
 from brokerd.journal import log_event
 from brokerd.lease_model import RELEASED, Lease, heartbeat_interval
 from brokerd.process import ProcessId
-from brokerd.procinfo import PROC, ancestors
+from brokerd.procinfo import PROC, ancestors, stat_fields
 
 TERM_GRACE_S = 5.0
 _tasks: set[asyncio.Task[None]] = set()
@@ -72,13 +72,12 @@ async def _reap(lease: Lease, client_grace: float, term_grace: float) -> None:
 
 def _stat(pid: int, proc_root: Path) -> tuple[int, int, int] | None:
     """(ppid, start time, uid) of a live process, None when it is gone."""
-    try:
-        text = (proc_root / str(pid) / "stat").read_text()
-        uid = (proc_root / str(pid)).stat().st_uid
-    except (OSError, ValueError):
+    fields = stat_fields(pid, proc_root)
+    if fields is None or fields[0] == "Z":
         return None
-    fields = text.rpartition(")")[2].split()
-    if len(fields) < 20 or fields[0] == "Z":
+    try:
+        uid = (proc_root / str(pid)).stat().st_uid
+    except OSError:
         return None
     return int(fields[1]), int(fields[19]), uid
 
