@@ -14,8 +14,10 @@ RELEASED = "released"
 EXPIRED = "expired"
 REVOKED = "revoked"
 HOLDER_EXITED = "holder_exited"
-LOST = "lost"  # its device vanished or turned unhealthy
-ENDED_STATES = (RELEASED, EXPIRED, REVOKED, HOLDER_EXITED, LOST)
+LOST = "lost"  # its device vanished or turned unhealthy, or could not be opened for its holder
+IDLE = "idle"  # reclaimed: its devices showed no use while others waited
+TIME_LIMIT = "time_limit"  # reached the time limit it was granted with
+ENDED_STATES = (RELEASED, EXPIRED, REVOKED, HOLDER_EXITED, LOST, IDLE, TIME_LIMIT)
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,10 @@ class Lease:
     ended_at: float = 0.0
     last_heartbeat: float = 0.0
     members: set[ProcessId] = field(default_factory=set)  # processes that joined it
+    requested_at: float = 0.0  # when its request was made: the wait is granted_at - this
+    reservation: bool = False  # held by the user (`vaccel reserve`), not by the asking process
+    notice: str = ""  # why it ends early at expires_at (an admin's revoke with grace, idle reclaim)
+    time_limit_s: float = 0.0  # the time limit it was granted with, 0 = none
 
     @property
     def active(self) -> bool:

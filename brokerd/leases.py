@@ -233,6 +233,7 @@ class LeaseManager:
             warnings=request.evaluation.warnings_for(uuids),
             simulated=any(d.simulated for d in devices),
             last_heartbeat=now,
+            requested_at=request.since,
         )
         self.leases[lease.id] = lease
         for uuid in uuids:

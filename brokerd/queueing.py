@@ -213,6 +213,9 @@ class DurableQueue:
             self.manager.rollback(lease.id)
             log.error("could not record grant %s: %s", lease.id, exc)
             raise Internal(f"the broker could not record the grant durably: {exc}") from exc
+        refusal = self._refused_by_hooks(lease)
+        if refusal:
+            raise Internal(f"the broker could not make the grant real: {refusal}")
         user = lease.holder.user
         log_event("grant", f"granted {', '.join(lease.devices)} to {user} (pid {lease.holder.pid})",
                   lease_id=lease.id, user=user, device_uuids=lease.devices, pid=lease.holder.pid)

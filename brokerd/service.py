@@ -20,7 +20,8 @@ from brokerd.devices import Device, Snapshot
 from brokerd.errors import Busy, Internal, LeaseError
 from brokerd.inventory_watch import UnleasedSignaller, occupancy_of, probe_forever
 from brokerd.journal import log_event
-from brokerd.lease_model import HOLDER_EXITED, RELEASED, Lease, LeaseTerms
+from brokerd.lease_hooks import LeaseHook
+from brokerd.lease_model import HOLDER_EXITED, LOST, RELEASED, Lease, LeaseTerms
 from brokerd.leases import LeaseManager
 from brokerd.liveness import ProcessWatcher
 from brokerd.occupancy import Occupancy
@@ -73,6 +74,7 @@ class BrokerService(DurableQueue):
         self._tasks: list[asyncio.Task[None]] = []
         self._expiry_wakeup = asyncio.Event()
         self.on_change: Callable[[], None] = lambda: None
+        self.hooks: list[LeaseHook] = []  # brokerd/lease_hooks.py: gating, accounting, metrics
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -100,6 +102,8 @@ class BrokerService(DurableQueue):
         # Leases on devices that vanished while the daemon was down end now; devices used
         # without a lease are held back.
         self._set_inventory(self.snapshot)
+        for hook in self.hooks:
+            hook.restored(list(self.manager.leases.values()))
 
     def start_timers(self) -> None:
         """Start lease expiry and, if configured, periodic re-probing."""
@@ -265,9 +269,28 @@ class BrokerService(DurableQueue):
                   lease_id=lease.id, user=lease.holder.user, device_uuids=lease.devices,
                   state=lease.state)
         reap_after_end(lease, self.ttl_s)  # not a release: what still runs under it is stopped
+        for hook in self.hooks:
+            try:
+                hook.ended(lease)
+            except Exception:
+                log.exception("%s failed after the end of lease %s", hook.name, lease.id)
         self._spawn(self._pump())
         self.on_change()
         return saved
+
+    def _refused_by_hooks(self, lease: Lease) -> str:
+        """Run the hooks a grant needs before its holder hears of it (brokerd/lease_hooks.py);
+        the first refusal ends the lease and is returned, "" when all agree."""
+        for hook in self.hooks:
+            try:
+                hook.granted(lease)
+            except Exception as exc:
+                why = f"{hook.name}: {exc}"
+                log.error("grant %s refused by %s", lease.id, why)
+                if lease.active:
+                    self._end(lease.id, LOST, why)
+                return why
+        return ""
 
     @staticmethod
     async def _logged(saved: asyncio.Future[None], what: str = "the end of a lease") -> None:

@@ -105,6 +105,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             allocator_config=lease.terms.allocator_config, memory_cap_mib=lease.terms.memory_cap_mib,
             member_pids=sorted(member.pid for member in lease.members), simulated=lease.simulated,
             accelerator_config_yaml=lease.terms.accelerator_config_yaml, ended_at=lease.ended_at,
+            reservation=lease.reservation, requested_at=lease.requested_at, notice=lease.notice,
+            time_limit_s=lease.time_limit_s,
         )
         msg.holder.CopyFrom(_holder_pb(lease.holder))
         for uuid in lease.devices:
@@ -167,7 +169,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             lease = await self.service.heartbeat(identity, request.lease_id)
         except LeaseError as exc:
             await self._fail(context, exc)
-        return pb.HeartbeatReply(ttl_s=self.service.ttl_s, expires_at=lease.expires_at)
+        return pb.HeartbeatReply(ttl_s=self.service.ttl_s, expires_at=lease.expires_at, notice=lease.notice)
 
     async def Release(self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext) -> pb.Lease:
         identity = await self._identity(context)

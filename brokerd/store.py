@@ -34,7 +34,16 @@ from brokerd.queue_record import WaitRecord
 
 log = logging.getLogger("vaccel.brokerd")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Columns each older version lacks, added in place at start-up (after the read-only checks).
+_MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (
+        "ALTER TABLE leases ADD COLUMN requested_at REAL NOT NULL DEFAULT 0",
+        "ALTER TABLE leases ADD COLUMN reservation INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE leases ADD COLUMN notice TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE leases ADD COLUMN time_limit_s REAL NOT NULL DEFAULT 0",
+    ),
+}
 DB_NAME = "leases.db"
 _HISTORY_DAYS = 30
 
@@ -49,7 +58,9 @@ CREATE TABLE IF NOT EXISTS leases (
     granted_at REAL NOT NULL, expires_at REAL NOT NULL,
     ended_at REAL NOT NULL DEFAULT 0, end_reason TEXT NOT NULL DEFAULT '',
     terms TEXT NOT NULL, warnings TEXT NOT NULL, simulated INTEGER NOT NULL,
-    members TEXT NOT NULL DEFAULT '[]'
+    members TEXT NOT NULL DEFAULT '[]',
+    requested_at REAL NOT NULL DEFAULT 0, reservation INTEGER NOT NULL DEFAULT 0,
+    notice TEXT NOT NULL DEFAULT '', time_limit_s REAL NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS holdings (
     device_uuid TEXT PRIMARY KEY,
@@ -83,7 +94,8 @@ def _lease_row(lease: Lease) -> tuple:
         json.dumps(list(lease.devices)), lease.backend, lease.granted_at, lease.expires_at,
         lease.ended_at, lease.end_reason, json.dumps(asdict(lease.terms)),
         json.dumps([asdict(w) for w in lease.warnings]), int(lease.simulated),
-        json.dumps(sorted(lease.members)),
+        json.dumps(sorted(lease.members)), lease.requested_at, int(lease.reservation), lease.notice,
+        lease.time_limit_s,
     )
 
 
@@ -102,6 +114,10 @@ def _lease_from_row(row: sqlite3.Row) -> Lease:
         end_reason=row["end_reason"],
         ended_at=row["ended_at"],
         members={ProcessId(int(p), int(s)) for p, s in json.loads(row["members"])},
+        requested_at=row["requested_at"],
+        reservation=bool(row["reservation"]),
+        notice=row["notice"],
+        time_limit_s=row["time_limit_s"],
     )
 
 
@@ -130,7 +146,7 @@ class LeaseStore:
             check = conn.execute("PRAGMA quick_check").fetchone()[0]
             if check != "ok":
                 raise StateError(self._refusal(f"SQLite integrity check failed: {check}"))
-            self._check_schema_version(conn)
+            found = self._check_schema_version(conn)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute("PRAGMA foreign_keys=ON")
@@ -140,6 +156,8 @@ class LeaseStore:
         except StateError:
             conn.close()
             raise
+        if found is not None and found < SCHEMA_VERSION:
+            self._migrate(conn, found)
         conn.executescript(_SCHEMA)
         conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
         try:
@@ -165,21 +183,39 @@ class LeaseStore:
         self._thread.start()
         return active, ended, drained
 
-    def _check_schema_version(self, conn: sqlite3.Connection) -> None:
-        """Before anything is written: only an empty file is new. A file with tables but no
-        version, or another version, is refused as it is (no schema added, nothing stamped)."""
+    def _check_schema_version(self, conn: sqlite3.Connection) -> int | None:
+        """Before anything is written: only an empty file is new (None). A file with tables
+        but no version, or a version this daemon does not know, is refused as it is (no
+        schema added, nothing stamped); an older known version is returned for migration."""
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         if not tables:
-            return
+            return None
         version = None
         if "meta" in tables:
             version = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
         if version is None:
             raise StateError(self._refusal("it has tables but no schema version (not written by vaccel?)"))
-        if version[0] != str(SCHEMA_VERSION):
+        known = {str(v) for v in _MIGRATIONS} | {str(SCHEMA_VERSION)}
+        if version[0] not in known:
             raise StateError(self._refusal(
                 f"it has schema version {version[0]}, this daemon knows {SCHEMA_VERSION} "
                 "(was it written by a newer vaccel?)"))
+        return int(version[0])
+
+    @staticmethod
+    def _migrate(conn: sqlite3.Connection, found: int) -> None:
+        """Bring an older file up to SCHEMA_VERSION in one transaction: all or nothing."""
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for version in range(found, SCHEMA_VERSION):
+                for statement in _MIGRATIONS[version]:
+                    conn.execute(statement)
+            conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        log.info("lease database migrated from schema version %d to %d", found, SCHEMA_VERSION)
 
     def _refusal(self, why: str) -> str:
         return (
@@ -219,6 +255,15 @@ class LeaseStore:
             conn.execute("DELETE FROM holdings WHERE lease_id=?", (lease.id,))
             conn.execute("UPDATE leases SET state=?, ended_at=?, end_reason=? WHERE id=?", args)
             conn.execute("DELETE FROM queue WHERE lease_id=?", (lease.id,))
+
+        return self._submit(op)
+
+    def save_ending(self, lease: Lease) -> asyncio.Future[None]:
+        """The lease now ends early at its expires_at, for the reason in its notice."""
+        args = (lease.expires_at, lease.notice, lease.id)
+
+        def op(conn: sqlite3.Connection) -> None:
+            conn.execute("UPDATE leases SET expires_at=?, notice=? WHERE id=?", args)
 
         return self._submit(op)
 

@@ -41,6 +41,10 @@ def make_lease(lease_id: str, *devices: str) -> Lease:
         warnings=(CheckLine("WARN", "driver", "old driver", devices[0], "upgrade it"),),
         simulated=True,
         members={(4243, 778), (4244, 779)},
+        requested_at=1_699_999_990.25,
+        reservation=True,
+        notice="revoked by root: maintenance",
+        time_limit_s=7200.0,
     )
 
 
@@ -309,3 +313,31 @@ def test_holdings_out_of_step_with_the_leases_are_refused(tmp_path: Path):
     raw(tmp_path, "DELETE FROM holdings WHERE device_uuid='GPU-1'")
     assert "do not match its active leases" in refusal(tmp_path)
     assert raw(tmp_path, "SELECT device_uuid FROM holdings") == [("GPU-0",)]
+
+
+_V1_LEASES = """CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE leases (id TEXT PRIMARY KEY, state TEXT NOT NULL, uid INTEGER NOT NULL, gid INTEGER NOT NULL,
+    pid INTEGER NOT NULL, start_time INTEGER NOT NULL, user TEXT NOT NULL, command TEXT NOT NULL,
+    devices TEXT NOT NULL, backend TEXT NOT NULL, granted_at REAL NOT NULL, expires_at REAL NOT NULL,
+    ended_at REAL NOT NULL DEFAULT 0, end_reason TEXT NOT NULL DEFAULT '', terms TEXT NOT NULL,
+    warnings TEXT NOT NULL, simulated INTEGER NOT NULL, members TEXT NOT NULL DEFAULT '[]');
+CREATE TABLE holdings (device_uuid TEXT PRIMARY KEY, lease_id TEXT NOT NULL REFERENCES leases(id));
+INSERT INTO meta VALUES ('schema_version', '1');
+INSERT INTO leases VALUES ('l-old', 'active', 1000, 1000, 4242, 777, 'ada', 'python train.py', '["GPU-0"]',
+    'cuda', 1700000000.5, 0, 0, '', '{}', '[]', 0, '[]');
+INSERT INTO holdings VALUES ('GPU-0', 'l-old');
+"""
+
+
+def test_a_version_1_database_is_migrated_in_place_and_keeps_its_leases(tmp_path: Path):
+    # A daemon upgraded from the first round finds its old file: the lease held then is
+    # still held, with the new fields at their neutral values.
+    conn = sqlite3.connect(tmp_path / DB_NAME)
+    conn.executescript(_V1_LEASES)
+    conn.close()
+    active, _, _ = reopen(tmp_path)
+    assert [(lease.id, lease.devices, lease.reservation, lease.time_limit_s) for lease in active] == [
+        ("l-old", ("GPU-0",), False, 0.0)]
+    assert raw(tmp_path, "SELECT value FROM meta WHERE key='schema_version'") == [(str(SCHEMA_VERSION),)]
+    active, _, _ = reopen(tmp_path)  # and it opens again as the current version
+    assert [lease.id for lease in active] == ["l-old"]

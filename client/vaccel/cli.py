@@ -355,6 +355,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-memory", metavar="SIZE", help="memory each device must have, with a unit: 20GiB, 512MiB")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_check)
+    # Commands that live in their own modules (imported here, not at the top: they use
+    # this module's helpers, and `vaccel run` should not pay for their imports twice).
+    from vaccel import cli_extra
+
+    cli_extra.register_all(sub, common)
     return parser
 
 

@@ -19,7 +19,7 @@ class Holder(_message.Message):
     def __init__(self, user: _Optional[str] = ..., uid: _Optional[int] = ..., pid: _Optional[int] = ..., command: _Optional[str] = ...) -> None: ...
 
 class Device(_message.Message):
-    __slots__ = ("index", "uuid", "vendor", "name", "memory_mib", "pci_bus_id", "arch", "driver_version", "memory_bandwidth_gbps", "healthy", "health_reason", "simulated", "numa_node", "backend", "state", "lease_id", "holder", "since", "memory_used_mib", "interconnect_group", "runtime_version", "compute_capability", "visible_id", "drain_reason")
+    __slots__ = ("index", "uuid", "vendor", "name", "memory_mib", "pci_bus_id", "arch", "driver_version", "memory_bandwidth_gbps", "healthy", "health_reason", "simulated", "numa_node", "backend", "state", "lease_id", "holder", "since", "memory_used_mib", "interconnect_group", "runtime_version", "compute_capability", "visible_id", "drain_reason", "gated", "time_left_s", "device_nodes", "utilization", "gate_reason")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     VENDOR_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +44,11 @@ class Device(_message.Message):
     COMPUTE_CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     VISIBLE_ID_FIELD_NUMBER: _ClassVar[int]
     DRAIN_REASON_FIELD_NUMBER: _ClassVar[int]
+    GATED_FIELD_NUMBER: _ClassVar[int]
+    TIME_LEFT_S_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_NODES_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    GATE_REASON_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     vendor: str
@@ -68,7 +73,12 @@ class Device(_message.Message):
     compute_capability: str
     visible_id: str
     drain_reason: str
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., vendor: _Optional[str] = ..., name: _Optional[str] = ..., memory_mib: _Optional[int] = ..., pci_bus_id: _Optional[str] = ..., arch: _Optional[str] = ..., driver_version: _Optional[str] = ..., memory_bandwidth_gbps: _Optional[float] = ..., healthy: _Optional[bool] = ..., health_reason: _Optional[str] = ..., simulated: _Optional[bool] = ..., numa_node: _Optional[int] = ..., backend: _Optional[str] = ..., state: _Optional[str] = ..., lease_id: _Optional[str] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ..., since: _Optional[float] = ..., memory_used_mib: _Optional[int] = ..., interconnect_group: _Optional[str] = ..., runtime_version: _Optional[str] = ..., compute_capability: _Optional[str] = ..., visible_id: _Optional[str] = ..., drain_reason: _Optional[str] = ...) -> None: ...
+    gated: bool
+    time_left_s: float
+    device_nodes: _containers.RepeatedScalarFieldContainer[str]
+    utilization: float
+    gate_reason: str
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., vendor: _Optional[str] = ..., name: _Optional[str] = ..., memory_mib: _Optional[int] = ..., pci_bus_id: _Optional[str] = ..., arch: _Optional[str] = ..., driver_version: _Optional[str] = ..., memory_bandwidth_gbps: _Optional[float] = ..., healthy: _Optional[bool] = ..., health_reason: _Optional[str] = ..., simulated: _Optional[bool] = ..., numa_node: _Optional[int] = ..., backend: _Optional[str] = ..., state: _Optional[str] = ..., lease_id: _Optional[str] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ..., since: _Optional[float] = ..., memory_used_mib: _Optional[int] = ..., interconnect_group: _Optional[str] = ..., runtime_version: _Optional[str] = ..., compute_capability: _Optional[str] = ..., visible_id: _Optional[str] = ..., drain_reason: _Optional[str] = ..., gated: _Optional[bool] = ..., time_left_s: _Optional[float] = ..., device_nodes: _Optional[_Iterable[str]] = ..., utilization: _Optional[float] = ..., gate_reason: _Optional[str] = ...) -> None: ...
 
 class ClientFacts(_message.Message):
     __slots__ = ("python_version", "torch_version", "torch_backend", "torch_runtime_version", "kernel_archs", "ptx_archs", "distributed_available", "distributed_backends", "packages")
@@ -100,7 +110,7 @@ class ClientFacts(_message.Message):
     def __init__(self, python_version: _Optional[str] = ..., torch_version: _Optional[str] = ..., torch_backend: _Optional[str] = ..., torch_runtime_version: _Optional[str] = ..., kernel_archs: _Optional[_Iterable[str]] = ..., ptx_archs: _Optional[_Iterable[str]] = ..., distributed_available: _Optional[bool] = ..., distributed_backends: _Optional[_Iterable[str]] = ..., packages: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class AcquireRequest(_message.Message):
-    __slots__ = ("gpus", "min_memory_mib", "max_wait_seconds", "wait_forever", "runtime_spec_yaml", "runtime_spec_name", "accelerator_config_yaml", "accelerator_config_name", "client", "command", "request_key")
+    __slots__ = ("gpus", "min_memory_mib", "max_wait_seconds", "wait_forever", "runtime_spec_yaml", "runtime_spec_name", "accelerator_config_yaml", "accelerator_config_name", "client", "command", "request_key", "time_limit_s", "devices", "reservation")
     GPUS_FIELD_NUMBER: _ClassVar[int]
     MIN_MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
     MAX_WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +122,9 @@ class AcquireRequest(_message.Message):
     CLIENT_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
     REQUEST_KEY_FIELD_NUMBER: _ClassVar[int]
+    TIME_LIMIT_S_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    RESERVATION_FIELD_NUMBER: _ClassVar[int]
     gpus: int
     min_memory_mib: int
     max_wait_seconds: float
@@ -123,7 +136,10 @@ class AcquireRequest(_message.Message):
     client: ClientFacts
     command: str
     request_key: str
-    def __init__(self, gpus: _Optional[int] = ..., min_memory_mib: _Optional[int] = ..., max_wait_seconds: _Optional[float] = ..., wait_forever: _Optional[bool] = ..., runtime_spec_yaml: _Optional[str] = ..., runtime_spec_name: _Optional[str] = ..., accelerator_config_yaml: _Optional[str] = ..., accelerator_config_name: _Optional[str] = ..., client: _Optional[_Union[ClientFacts, _Mapping]] = ..., command: _Optional[str] = ..., request_key: _Optional[str] = ...) -> None: ...
+    time_limit_s: float
+    devices: _containers.RepeatedScalarFieldContainer[str]
+    reservation: bool
+    def __init__(self, gpus: _Optional[int] = ..., min_memory_mib: _Optional[int] = ..., max_wait_seconds: _Optional[float] = ..., wait_forever: _Optional[bool] = ..., runtime_spec_yaml: _Optional[str] = ..., runtime_spec_name: _Optional[str] = ..., accelerator_config_yaml: _Optional[str] = ..., accelerator_config_name: _Optional[str] = ..., client: _Optional[_Union[ClientFacts, _Mapping]] = ..., command: _Optional[str] = ..., request_key: _Optional[str] = ..., time_limit_s: _Optional[float] = ..., devices: _Optional[_Iterable[str]] = ..., reservation: _Optional[bool] = ...) -> None: ...
 
 class Queued(_message.Message):
     __slots__ = ("position", "total", "message", "held", "request_id")
@@ -154,7 +170,7 @@ class CheckLine(_message.Message):
     def __init__(self, level: _Optional[str] = ..., name: _Optional[str] = ..., message: _Optional[str] = ..., device_uuid: _Optional[str] = ..., suggestion: _Optional[str] = ...) -> None: ...
 
 class Lease(_message.Message):
-    __slots__ = ("id", "backend", "devices", "holder", "granted_at", "expires_at", "heartbeat_interval_s", "ttl_s", "state", "end_reason", "allocator_config", "memory_cap_mib", "warnings", "member_pids", "simulated", "accelerator_config_yaml", "ended_at")
+    __slots__ = ("id", "backend", "devices", "holder", "granted_at", "expires_at", "heartbeat_interval_s", "ttl_s", "state", "end_reason", "allocator_config", "memory_cap_mib", "warnings", "member_pids", "simulated", "accelerator_config_yaml", "ended_at", "reservation", "requested_at", "notice", "time_limit_s")
     ID_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
@@ -172,6 +188,10 @@ class Lease(_message.Message):
     SIMULATED_FIELD_NUMBER: _ClassVar[int]
     ACCELERATOR_CONFIG_YAML_FIELD_NUMBER: _ClassVar[int]
     ENDED_AT_FIELD_NUMBER: _ClassVar[int]
+    RESERVATION_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_AT_FIELD_NUMBER: _ClassVar[int]
+    NOTICE_FIELD_NUMBER: _ClassVar[int]
+    TIME_LIMIT_S_FIELD_NUMBER: _ClassVar[int]
     id: str
     backend: str
     devices: _containers.RepeatedCompositeFieldContainer[Device]
@@ -189,7 +209,11 @@ class Lease(_message.Message):
     simulated: bool
     accelerator_config_yaml: str
     ended_at: float
-    def __init__(self, id: _Optional[str] = ..., backend: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ..., granted_at: _Optional[float] = ..., expires_at: _Optional[float] = ..., heartbeat_interval_s: _Optional[float] = ..., ttl_s: _Optional[float] = ..., state: _Optional[str] = ..., end_reason: _Optional[str] = ..., allocator_config: _Optional[str] = ..., memory_cap_mib: _Optional[int] = ..., warnings: _Optional[_Iterable[_Union[CheckLine, _Mapping]]] = ..., member_pids: _Optional[_Iterable[int]] = ..., simulated: _Optional[bool] = ..., accelerator_config_yaml: _Optional[str] = ..., ended_at: _Optional[float] = ...) -> None: ...
+    reservation: bool
+    requested_at: float
+    notice: str
+    time_limit_s: float
+    def __init__(self, id: _Optional[str] = ..., backend: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ..., granted_at: _Optional[float] = ..., expires_at: _Optional[float] = ..., heartbeat_interval_s: _Optional[float] = ..., ttl_s: _Optional[float] = ..., state: _Optional[str] = ..., end_reason: _Optional[str] = ..., allocator_config: _Optional[str] = ..., memory_cap_mib: _Optional[int] = ..., warnings: _Optional[_Iterable[_Union[CheckLine, _Mapping]]] = ..., member_pids: _Optional[_Iterable[int]] = ..., simulated: _Optional[bool] = ..., accelerator_config_yaml: _Optional[str] = ..., ended_at: _Optional[float] = ..., reservation: _Optional[bool] = ..., requested_at: _Optional[float] = ..., notice: _Optional[str] = ..., time_limit_s: _Optional[float] = ...) -> None: ...
 
 class AcquireUpdate(_message.Message):
     __slots__ = ("queued", "granted")
@@ -206,20 +230,24 @@ class LeaseRef(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
-    __slots__ = ("ttl_s", "expires_at")
+    __slots__ = ("ttl_s", "expires_at", "notice")
     TTL_S_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    NOTICE_FIELD_NUMBER: _ClassVar[int]
     ttl_s: float
     expires_at: float
-    def __init__(self, ttl_s: _Optional[float] = ..., expires_at: _Optional[float] = ...) -> None: ...
+    notice: str
+    def __init__(self, ttl_s: _Optional[float] = ..., expires_at: _Optional[float] = ..., notice: _Optional[str] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
-    __slots__ = ("lease_id", "reason")
+    __slots__ = ("lease_id", "reason", "grace_s")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    GRACE_S_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     reason: str
-    def __init__(self, lease_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    grace_s: float
+    def __init__(self, lease_id: _Optional[str] = ..., reason: _Optional[str] = ..., grace_s: _Optional[float] = ...) -> None: ...
 
 class ListLeasesRequest(_message.Message):
     __slots__ = ("all", "include_ended")
@@ -250,20 +278,26 @@ class DrainRequest(_message.Message):
     def __init__(self, device: _Optional[str] = ..., undo: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class QueueEntry(_message.Message):
-    __slots__ = ("request_id", "requester", "gpus", "min_memory_mib", "since", "position")
+    __slots__ = ("request_id", "requester", "gpus", "min_memory_mib", "since", "position", "reason", "time_limit_s", "devices")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     REQUESTER_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     MIN_MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
     SINCE_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    TIME_LIMIT_S_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     requester: Holder
     gpus: int
     min_memory_mib: int
     since: float
     position: int
-    def __init__(self, request_id: _Optional[str] = ..., requester: _Optional[_Union[Holder, _Mapping]] = ..., gpus: _Optional[int] = ..., min_memory_mib: _Optional[int] = ..., since: _Optional[float] = ..., position: _Optional[int] = ...) -> None: ...
+    reason: str
+    time_limit_s: float
+    devices: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_id: _Optional[str] = ..., requester: _Optional[_Union[Holder, _Mapping]] = ..., gpus: _Optional[int] = ..., min_memory_mib: _Optional[int] = ..., since: _Optional[float] = ..., position: _Optional[int] = ..., reason: _Optional[str] = ..., time_limit_s: _Optional[float] = ..., devices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GpuProcess(_message.Message):
     __slots__ = ("pid", "uid", "user", "command", "used_memory_mib", "device_uuid", "lease_id")
@@ -294,7 +328,7 @@ class ProbeVerdict(_message.Message):
     def __init__(self, vendor: _Optional[str] = ..., available: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("hostname", "devices", "queue", "unleased_processes", "probes", "version", "simulated")
+    __slots__ = ("hostname", "devices", "queue", "unleased_processes", "probes", "version", "simulated", "enforcement", "usage")
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
@@ -302,6 +336,8 @@ class StatusReply(_message.Message):
     PROBES_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SIMULATED_FIELD_NUMBER: _ClassVar[int]
+    ENFORCEMENT_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
     hostname: str
     devices: _containers.RepeatedCompositeFieldContainer[Device]
     queue: _containers.RepeatedCompositeFieldContainer[QueueEntry]
@@ -309,7 +345,88 @@ class StatusReply(_message.Message):
     probes: _containers.RepeatedCompositeFieldContainer[ProbeVerdict]
     version: str
     simulated: bool
-    def __init__(self, hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., queue: _Optional[_Iterable[_Union[QueueEntry, _Mapping]]] = ..., unleased_processes: _Optional[_Iterable[_Union[GpuProcess, _Mapping]]] = ..., probes: _Optional[_Iterable[_Union[ProbeVerdict, _Mapping]]] = ..., version: _Optional[str] = ..., simulated: _Optional[bool] = ...) -> None: ...
+    enforcement: str
+    usage: _containers.RepeatedCompositeFieldContainer[UserUsage]
+    def __init__(self, hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., queue: _Optional[_Iterable[_Union[QueueEntry, _Mapping]]] = ..., unleased_processes: _Optional[_Iterable[_Union[GpuProcess, _Mapping]]] = ..., probes: _Optional[_Iterable[_Union[ProbeVerdict, _Mapping]]] = ..., version: _Optional[str] = ..., simulated: _Optional[bool] = ..., enforcement: _Optional[str] = ..., usage: _Optional[_Iterable[_Union[UserUsage, _Mapping]]] = ...) -> None: ...
+
+class UserUsage(_message.Message):
+    __slots__ = ("user", "uid", "policy", "devices_held", "max_devices", "waiting", "max_waiting", "device_hours", "max_device_hours", "window_s", "fair_usage")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_HELD_FIELD_NUMBER: _ClassVar[int]
+    MAX_DEVICES_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAITING_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_HOURS_FIELD_NUMBER: _ClassVar[int]
+    MAX_DEVICE_HOURS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    FAIR_USAGE_FIELD_NUMBER: _ClassVar[int]
+    user: str
+    uid: int
+    policy: str
+    devices_held: int
+    max_devices: int
+    waiting: int
+    max_waiting: int
+    device_hours: float
+    max_device_hours: float
+    window_s: float
+    fair_usage: float
+    def __init__(self, user: _Optional[str] = ..., uid: _Optional[int] = ..., policy: _Optional[str] = ..., devices_held: _Optional[int] = ..., max_devices: _Optional[int] = ..., waiting: _Optional[int] = ..., max_waiting: _Optional[int] = ..., device_hours: _Optional[float] = ..., max_device_hours: _Optional[float] = ..., window_s: _Optional[float] = ..., fair_usage: _Optional[float] = ...) -> None: ...
+
+class ReportRequest(_message.Message):
+    __slots__ = ("since", "until", "by")
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_NUMBER: _ClassVar[int]
+    since: float
+    until: float
+    by: str
+    def __init__(self, since: _Optional[float] = ..., until: _Optional[float] = ..., by: _Optional[str] = ...) -> None: ...
+
+class ReportRow(_message.Message):
+    __slots__ = ("key", "device_hours", "leases", "wait_p50_s", "wait_p90_s", "wait_max_s", "idle_device_hours", "end_reasons")
+    class EndReasonsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_HOURS_FIELD_NUMBER: _ClassVar[int]
+    LEASES_FIELD_NUMBER: _ClassVar[int]
+    WAIT_P50_S_FIELD_NUMBER: _ClassVar[int]
+    WAIT_P90_S_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MAX_S_FIELD_NUMBER: _ClassVar[int]
+    IDLE_DEVICE_HOURS_FIELD_NUMBER: _ClassVar[int]
+    END_REASONS_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    device_hours: float
+    leases: int
+    wait_p50_s: float
+    wait_p90_s: float
+    wait_max_s: float
+    idle_device_hours: float
+    end_reasons: _containers.ScalarMap[str, int]
+    def __init__(self, key: _Optional[str] = ..., device_hours: _Optional[float] = ..., leases: _Optional[int] = ..., wait_p50_s: _Optional[float] = ..., wait_p90_s: _Optional[float] = ..., wait_max_s: _Optional[float] = ..., idle_device_hours: _Optional[float] = ..., end_reasons: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class ReportReply(_message.Message):
+    __slots__ = ("since", "until", "by", "rows", "total", "rows_hidden")
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    ROWS_HIDDEN_FIELD_NUMBER: _ClassVar[int]
+    since: float
+    until: float
+    by: str
+    rows: _containers.RepeatedCompositeFieldContainer[ReportRow]
+    total: ReportRow
+    rows_hidden: bool
+    def __init__(self, since: _Optional[float] = ..., until: _Optional[float] = ..., by: _Optional[str] = ..., rows: _Optional[_Iterable[_Union[ReportRow, _Mapping]]] = ..., total: _Optional[_Union[ReportRow, _Mapping]] = ..., rows_hidden: _Optional[bool] = ...) -> None: ...
 
 class CheckRequest(_message.Message):
     __slots__ = ("runtime_spec_yaml", "runtime_spec_name", "accelerator_config_yaml", "accelerator_config_name", "client", "gpus", "min_memory_mib")

@@ -79,6 +79,11 @@ class BrokerStub:
                 request_serializer=vaccel_dot_v1_dot_broker__pb2.DrainRequest.SerializeToString,
                 response_deserializer=vaccel_dot_v1_dot_broker__pb2.Device.FromString,
                 _registered_method=True)
+        self.Report = channel.unary_unary(
+                '/vaccel.v1.Broker/Report',
+                request_serializer=vaccel_dot_v1_dot_broker__pb2.ReportRequest.SerializeToString,
+                response_deserializer=vaccel_dot_v1_dot_broker__pb2.ReportReply.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -148,6 +153,15 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Report(self, request, context):
+        """Usage accounting over a period: device-hours, waits, idle time, end reasons.
+        Everyone sees the totals; rows naming other users only root and admins (or all,
+        when the daemon's config says so).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -195,6 +209,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.Drain,
                     request_deserializer=vaccel_dot_v1_dot_broker__pb2.DrainRequest.FromString,
                     response_serializer=vaccel_dot_v1_dot_broker__pb2.Device.SerializeToString,
+            ),
+            'Report': grpc.unary_unary_rpc_method_handler(
+                    servicer.Report,
+                    request_deserializer=vaccel_dot_v1_dot_broker__pb2.ReportRequest.FromString,
+                    response_serializer=vaccel_dot_v1_dot_broker__pb2.ReportReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -440,6 +459,33 @@ class Broker:
             '/vaccel.v1.Broker/Drain',
             vaccel_dot_v1_dot_broker__pb2.DrainRequest.SerializeToString,
             vaccel_dot_v1_dot_broker__pb2.Device.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Report(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vaccel.v1.Broker/Report',
+            vaccel_dot_v1_dot_broker__pb2.ReportRequest.SerializeToString,
+            vaccel_dot_v1_dot_broker__pb2.ReportReply.FromString,
             options,
             channel_credentials,
             insecure,
