@@ -21,6 +21,7 @@ from typing import Any
 
 import grpc
 
+from brokerd import addons
 from brokerd.config import Config, ConfigError, load_config
 from brokerd.devices import Snapshot
 from brokerd.identity import IdentityServer, TokenAuthority, load_or_create_key
@@ -127,6 +128,7 @@ class Daemon:
             store.close()
             raise StartupError(str(exc)) from exc
         service = BrokerService(config, store, snapshot, refresh=source)
+        service.hooks.extend(addons.lease_hooks(config, service))
         service.restore(active, ended, drained)
         service.restore_queue(queued, rebuild_request)
 
@@ -145,6 +147,7 @@ class Daemon:
             if config.socket_group:
                 os.chown(path, -1, grp.getgrnam(config.socket_group).gr_gid)
         service.start_timers()
+        closers = await addons.start_servers(config, service)
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
@@ -171,6 +174,8 @@ class Daemon:
             self.notifier.stopping()
             log_event("stop", "shutting down; leases stay recorded and resume on restart")
             watchdog.cancel()
+            for close in closers:
+                await close()
             await identity.close()
             service.stopping = True  # streams cut by the shutdown keep their queue places
             await server.stop(grace=1.0)
