@@ -34,6 +34,9 @@ class Device:
     # The id the backend's visible-devices variable takes; "" means the uuid. Probes set
     # the per-vendor ordinal where the runtime accepts no UUID.
     visible_id: str = ""
+    # The per-device nodes a process opens to use it (not the shared control nodes):
+    # what `[enforce] mode = "acl"` opens for the lease holder only (brokerd/enforce/).
+    device_nodes: tuple[str, ...] = ()
     extra: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
 
     @property

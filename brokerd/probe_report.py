@@ -24,6 +24,7 @@ def device_dict(device: Device) -> dict[str, Any]:
     out = asdict(device)
     out["extra"] = _json_safe(device.extra)
     out["visible_id"] = device.visible
+    out["device_nodes"] = list(device.device_nodes)
     return out
 
 
@@ -75,6 +76,10 @@ def render_probe_text(snapshot: Snapshot) -> str:
         header = ["IDX", "VENDOR", "NAME", "MEMORY", "ARCH", "DRIVER", "BANDWIDTH",
                   "HEALTH", "UUID"]
         lines += _table(header, rows)
+        # What `[enforce] mode = "acl"` gates; a device without one is never granted then.
+        lines.append("")
+        lines.append("Device nodes:")
+        lines += [f"  {d.index:<3} {', '.join(d.device_nodes) or 'none found'}" for d in snapshot.devices]
     else:
         lines.append("No devices found.")
     if snapshot.simulated:

@@ -287,3 +287,15 @@ def test_uncorrectable_ecc_is_unhealthy(fake: FakeAmdSmi, monkeypatch: pytest.Mo
     device = AmdSmiProbe().probe().devices[0]
     assert not device.healthy
     assert "4 uncorrectable ECC error(s)" in device.health_reason
+
+
+def test_render_node_is_found_through_the_bus_id(fake: FakeAmdSmi, rocm: Path, tmp_path: Path) -> None:
+    """Each GCD is its own PCI function with its own render node; one that sysfs does not
+    show has none (enforcement then holds it back)."""
+    sysfs = tmp_path / "sys"
+    drm = sysfs / "bus/pci/devices/0000:c1:00.0/drm"
+    for name in ("card1", "renderD129"):
+        (drm / name).mkdir(parents=True)
+    first, second = AmdSmiProbe(rocm_root=rocm, sysfs_root=sysfs).probe().devices
+    assert first.device_nodes == ("/dev/dri/renderD129",)
+    assert second.device_nodes == ()

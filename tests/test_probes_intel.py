@@ -125,3 +125,13 @@ def test_this_host_never_raises() -> None:
     result = IntelSysfsProbe().probe()
     assert result.verdict.vendor == "intel"
     assert isinstance(result.verdict.reason, str) and result.verdict.reason
+
+
+def test_render_node_of_each_card(tmp_path: Path, cards: list[dict]) -> None:
+    root = write_tree(tmp_path, cards)
+    for pci, render in (("0000:03:00.0", "renderD129"), ("0000:3a:00.0", "renderD130")):
+        drm = root / "devices" / "pci0000:00" / pci / "drm"
+        (drm / render).mkdir(parents=True)
+        (drm / f"card{render[-1]}").mkdir()  # the display node is not what compute opens
+    arc, pvc = IntelSysfsProbe(root, kernel_release="6.8").probe().devices
+    assert (arc.device_nodes, pvc.device_nodes) == (("/dev/dri/renderD129",), ("/dev/dri/renderD130",))

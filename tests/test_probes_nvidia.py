@@ -135,6 +135,10 @@ class FakeNvml:
         def _numa(d):
             return d["numa_node"]
 
+        @device_call("nvmlDeviceGetMinorNumber")
+        def _minor(d):
+            return d["minor_number"]
+
         @device_call("nvmlDeviceGetMigMode")
         def _mig(d):
             return list(d["mig_mode"])
@@ -416,3 +420,22 @@ def test_helpers() -> None:
     assert cuda_version_text(12040) == "12.4"
     assert cuda_version_text(11080) == "11.8"
     assert bandwidth_gbps(5120, 1593) == pytest.approx(2039.0)  # A100 80GB datasheet
+
+
+def test_device_node_comes_from_the_minor_number(fake: FakeNvml, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The node enforcement gates is /dev/nvidia<minor>, which need not follow NVML's index."""
+    fake.data["devices"][1]["minor_number"] = 5
+    reinstall(monkeypatch, fake)
+    first, second = NvmlProbe().probe().devices
+    assert (first.device_nodes, second.device_nodes) == (("/dev/nvidia0",), ("/dev/nvidia5",))
+
+
+def test_unreadable_minor_number_leaves_the_device_without_a_node(
+    fake: FakeNvml, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake.fail[(0, "nvmlDeviceGetMinorNumber")] = real.NVML_ERROR_NOT_SUPPORTED
+    reinstall(monkeypatch, fake)
+    device = NvmlProbe().probe().devices[0]
+    assert device.device_nodes == ()  # enforcement then holds it back (fails closed)
+    assert device.extra["unavailable"]["device_node"] == "not supported on this device"
+    assert device.healthy

@@ -15,6 +15,7 @@ from typing import Any
 
 from brokerd.devices import Device, GpuProcess, ProbeResult, ProbeVerdict
 from brokerd.probes.base import FieldLog, FieldReader, Unavailable, unavailable
+from brokerd.probes.drm import render_nodes
 
 MIB = 1024 * 1024
 
@@ -100,9 +101,11 @@ class AmdSmiProbe:
 
     vendor = "amd"
 
-    def __init__(self, rocm_root: Path = Path("/opt/rocm")) -> None:
+    def __init__(self, rocm_root: Path = Path("/opt/rocm"), sysfs_root: Path = Path("/sys")) -> None:
         # The ROCm release is not in amdsmi; /opt/rocm/.info/version holds it.
         self.rocm_root = Path(rocm_root)
+        # The render node of each GPU (brokerd/probes/drm.py) is found from its bus id.
+        self.sysfs_root = Path(sysfs_root)
 
     def probe(self) -> ProbeResult:
         try:
@@ -191,6 +194,7 @@ class AmdSmiProbe:
             extra["unavailable"] = dict(log.missing)
         gfx = _gfx(asic)
         name = asic.get("market_name") if not isinstance(asic, Unavailable) else None
+        bus_id = str(bdf).lower() if not isinstance(bdf, Unavailable) else ""
         device = Device(
             index=position,
             uuid=str(uuid),
@@ -200,7 +204,7 @@ class AmdSmiProbe:
             backend="rocm",
             arch=gfx,
             compute_capability=gfx,
-            pci_bus_id=str(bdf).lower() if not isinstance(bdf, Unavailable) else "",
+            pci_bus_id=bus_id,
             driver_version=_driver_version(driver),
             runtime_version=rocm,
             memory_bandwidth_gbps=bandwidth,
@@ -209,6 +213,7 @@ class AmdSmiProbe:
             healthy=not problems,
             health_reason="; ".join(problems),
             visible_id=str(int(hip_id)) if hip_id is not None else str(position),
+            device_nodes=render_nodes(self.sysfs_root / "bus/pci/devices" / bus_id) if bus_id else (),
             extra=extra,
         )
         return device, procs

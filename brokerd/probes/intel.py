@@ -21,6 +21,7 @@ from pathlib import Path
 
 from brokerd.devices import Device, ProbeResult, ProbeVerdict
 from brokerd.probes.base import unavailable
+from brokerd.probes.drm import render_nodes
 
 MIB = 1024 * 1024
 INTEL_VENDOR = "0x8086"
@@ -196,5 +197,6 @@ class IntelSysfsProbe:
             memory_bandwidth_gbps=model.memory_bandwidth_gbps if model else 0.0,
             numa_node=numa if numa is not None else -1,
             visible_id=visible,
+            device_nodes=render_nodes(card.device),
             extra=extra,
         )

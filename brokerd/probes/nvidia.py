@@ -175,6 +175,8 @@ class NvmlProbe:
         clock = r.get("max_memory_clock", "nvmlDeviceGetMaxClockInfo", handle,
                       getattr(nvml, "NVML_CLOCK_MEM", 2))
         numa = r.get("numa_node", "nvmlDeviceGetNumaNodeId", handle)
+        # The driver names each GPU's node by its minor number: /dev/nvidia<minor>.
+        minor = r.get("device_node", "nvmlDeviceGetMinorNumber", handle)
         if isinstance(numa, Unavailable):
             numa = self._sysfs_numa(bus_id)
         extra: dict[str, object] = {"nvml_index": index}
@@ -212,6 +214,7 @@ class NvmlProbe:
             numa_node=numa if isinstance(numa, int) else -1,
             healthy=not problems,
             health_reason="; ".join(problems),
+            device_nodes=(f"/dev/nvidia{minor}",) if isinstance(minor, int) else (),
             extra=extra,
         )
         return device, procs

@@ -10,6 +10,7 @@ only `--inventory FILE` selects it.
         compute_capability: "8.0"     # amd: gfx_target: gfx90a; intel: arch: Xe_HPG
         driver_version: "535.54.03"
         memory_bandwidth_gbps: 2039
+        device_nodes: [/dev/nvidia0]  # optional: the nodes `[enforce] mode = "acl"` gates
     processes:                        # optional: GPU processes the probe "sees"
       - device_uuid: GPU-6f1a0c2e-0000-0000-0000-000000000001
         pid: 12345
@@ -37,7 +38,7 @@ _VENDORS: dict[str, tuple[str, str]] = {
 _KNOWN_KEYS = {
     "vendor", "name", "uuid", "pci_bus_id", "memory_mib", "compute_capability", "gfx_target",
     "arch", "driver_version", "memory_bandwidth_gbps", "numa_node", "interconnect_group",
-    "healthy", "health_reason", "memory_used_mib", "runtime_version",
+    "healthy", "health_reason", "memory_used_mib", "runtime_version", "device_nodes",
 }
 
 
@@ -79,6 +80,9 @@ def _device(entry: Any, index: int, source: str) -> Device:
     if memory <= 0:
         raise InventoryError(f"{where}: memory_mib must be positive, got {memory}")
     raw_arch = str(entry.get(arch_key, "") or "")
+    nodes = entry.get("device_nodes") or []
+    if not isinstance(nodes, list) or not all(isinstance(n, str) and n.startswith("/") for n in nodes):
+        raise InventoryError(f"{where}: device_nodes must be a list of absolute paths, got {nodes!r}")
     return Device(
         index=index,
         uuid=str(entry["uuid"]),
@@ -98,6 +102,7 @@ def _device(entry: Any, index: int, source: str) -> Device:
         healthy=bool(entry.get("healthy", True)),
         health_reason=str(entry.get("health_reason", "")),
         simulated=True,
+        device_nodes=tuple(nodes),
     )
 
 
@@ -158,6 +163,11 @@ def parse_inventory(text: str, source: str = "<inventory>") -> tuple[Device, ...
     dupes = sorted({u for u in uuids if uuids.count(u) > 1})
     if dupes:
         raise InventoryError(f"{source}: duplicate uuid(s) {', '.join(dupes)}")
+    # One node opened for one device's holder must not open another device too.
+    nodes = [n for d in devices for n in d.device_nodes]
+    shared = sorted({n for n in nodes if nodes.count(n) > 1})
+    if shared:
+        raise InventoryError(f"{source}: device node(s) {', '.join(shared)} listed for more than one device")
     return devices
 
 
