@@ -3,6 +3,8 @@ scripts contending for its GPUs, so a newcomer sees what vaccel does on a shared
 
     python scripts/demo.py            # about half a minute on a 2-core machine
     python scripts/demo.py --quick    # fewer epochs
+    python scripts/demo.py --web 127.0.0.1:8642   # and watch it on the web dashboard
+    python scripts/demo.py --quick --screenshot docs/dashboard.png   # the README's picture
 
 Everything is real except the devices: a real vaccel-brokerd on a real Unix socket, real
 `vaccel run` clients, real torch training (on the CPU, since the GPUs are simulated). Run
@@ -17,6 +19,7 @@ import argparse
 import json
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -76,9 +79,10 @@ def jobs(epochs: int, stage: Path) -> list[Job]:
 
 
 class Demo:
-    def __init__(self, cast: Cast, socket: Path) -> None:
+    def __init__(self, cast: Cast, socket: Path, web_url: str = "") -> None:
         self.cast = cast
         self.socket = socket
+        self.web_url = web_url
         self.t0 = time.monotonic()
         self.lock = threading.Lock()
 
@@ -133,6 +137,21 @@ class Demo:
         queue = ", ".join(who(q["requester"]) for q in data["queue"]) or "empty"
         self.say("status", "  ".join(cells) + f"  | queue: {queue}")
 
+    def screenshot(self, path: Path) -> None:
+        """The dashboard in a headless Chromium (scripts/browser.py), as the lab's screen shows it."""
+        from browser import Chromium
+
+        try:
+            with Chromium(1280, 800) as chromium:
+                chromium.open(self.web_url)
+                chromium.wait_for("document.querySelector('#timeline rect[fill^=\"hsl\"]') !== null"
+                                  " && document.body.dataset.report", timeout=10)
+                chromium.screenshot(path)
+        except Exception as exc:  # no chromium, or it failed: the demo itself goes on
+            self.say("demo", f"(no dashboard screenshot: {exc})")
+            return
+        self.say("demo", f"dashboard screenshot saved to {path}")
+
     def try_foreign_release(self, thief: str, victim: Job) -> None:
         if not self.cast.real_users:
             self.say(thief, "(skipped: releasing another student's lease needs real users; run the demo as root)")
@@ -179,10 +198,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer epochs per job")
     parser.add_argument("--keep", action="store_true", help="keep the broker's work dir (log, state)")
+    parser.add_argument("--web", metavar="HOST:PORT", default="",
+                        help="serve the web dashboard there too, e.g. 127.0.0.1:8642")
+    parser.add_argument("--screenshot", metavar="PNG", type=Path,
+                        help="save a screenshot of the dashboard mid-demo (headless chromium; implies --web)")
     args = parser.parse_args(argv)
+    if args.screenshot and not args.web:
+        with socket.socket() as probe:  # any free loopback port
+            probe.bind(("127.0.0.1", 0))
+            args.web = f"127.0.0.1:{probe.getsockname()[1]}"
     workdir = Path(tempfile.mkdtemp(prefix="vaccel-demo-"))
     workdir.chmod(0o755)  # the students reach the socket inside
-    (workdir / "brokerd.toml").write_text(CONFIG)
+    (workdir / "brokerd.toml").write_text(CONFIG + (f'[web]\nlisten = "{args.web}"\n' if args.web else ""))
     sock = workdir / "brokerd.sock"
     log_path = workdir / "brokerd.log"
     with Cast(["alice", "bob", "carol", "dave", "erin", "frank", "grace"]) as cast, log_path.open("w") as log:
@@ -193,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
                                    "--inventory", str(INVENTORY)], stdout=log, stderr=subprocess.STDOUT,
                                   cwd=ROOT)
         try:
-            return run(Demo(cast, sock), broker, log_path, 2 if args.quick else 4)
+            demo = Demo(cast, sock, f"http://{args.web}/" if args.web else "")
+            return run(demo, broker, log_path, 2 if args.quick else 4, args.screenshot)
         finally:
             broker.terminate()
             broker.wait(10)
@@ -203,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.rmtree(workdir, ignore_errors=True)
 
 
-def run(demo: Demo, broker: subprocess.Popen[bytes], log: Path, epochs: int) -> int:
+def run(demo: Demo, broker: subprocess.Popen[bytes], log: Path, epochs: int, screenshot: Path | None = None) -> int:
     while not Path(f"{demo.socket}.id").exists():
         if broker.poll() is not None:
             print(log.read_text(), file=sys.stderr)
@@ -213,6 +241,8 @@ def run(demo: Demo, broker: subprocess.Popen[bytes], log: Path, epochs: int) -> 
            else "one Unix user (you); run as root to see each student as a real user")
     print(f"vaccel demo: broker up on {demo.socket} with the simulated lab server {INVENTORY.name}; "
           f"the students are {who}")
+    if demo.web_url:
+        print(f"web dashboard: {demo.web_url}")
     print(demo.vaccel("alice", "status").stdout)
     all_jobs = jobs(epochs, demo.cast.stage)
     by_name = {j.name: j for j in all_jobs}
@@ -221,6 +251,8 @@ def run(demo: Demo, broker: subprocess.Popen[bytes], log: Path, epochs: int) -> 
         t.start()
     events = [(4.5, lambda: demo.try_foreign_release("erin", by_name["alice"])),
               (5.5, lambda: handover.append(demo.kill_holder(by_name["bob"], by_name["dave"])))]
+    if screenshot is not None:  # every GPU held and students waiting: the busy lab
+        events.append((6.5, lambda: demo.screenshot(screenshot)))
     handover: list[float | None] = []
     while any(t.is_alive() for t in threads):
         now = time.monotonic() - demo.t0
