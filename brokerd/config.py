@@ -6,12 +6,14 @@ keep the old configuration.
 from __future__ import annotations
 
 import grp
+import importlib.util
 import os
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from brokerd.policy_config import PolicyConfig, PolicyError, parse_policy
 from vaccel_common.paths import default_socket
 from vaccel_common.units import parse_duration, parse_size_mib
 
@@ -44,6 +46,15 @@ class Config:
     memory_cap_mib: int = 0  # per-process cap applied to every lease, 0 = none
     token_ttl_s: float = 600.0
     log_level: str = "info"
+    enforce_mode: str = "off"  # off | acl: device nodes open only for the lease holder (brokerd/enforce/)
+    enforce_grace_s: float = 10.0  # SIGTERM -> SIGKILL for what still holds a node after its lease
+    web_listen: str = ""  # host:port of the read-only dashboard (brokerd/web), "" = none
+    accounting_keep_s: float = 400 * 86400.0  # usage rows older than this are pruned
+    accounting_max_rows: int = 1_000_000  # and beyond this many, the oldest first (~200 MB)
+    accounting_per_user_report: str = "admins"  # admins | everyone: who sees other users' rows
+    metrics_listen: str = ""  # host:port of the Prometheus endpoint (brokerd/metrics.py), "" = none
+    metrics_job_mapping_dir: Path | None = None  # lease ids per device for dcgm-exporter, None = off
+    policy: PolicyConfig = field(default_factory=PolicyConfig)  # [policy]: brokerd/policy_config.py
     source: str = "<defaults>"
 
     def admin_gid(self) -> int | None:
@@ -58,6 +69,30 @@ def _octal_mode(value: object) -> int:
     if not isinstance(value, str):
         raise ValueError('write the mode as a string, e.g. socket_mode = "0660"')
     return int(value, 8)
+
+
+def _whole_number(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"expected a whole number, got {value!r}")
+    return value
+
+
+def listen_address(value: object) -> str:
+    """A TCP address to serve on, "host:port" ("[::1]:8642" for IPv6), a bare port for the
+    loopback address, or "" for none. Checked here so a typo stops the start or the
+    reload, not the server later."""
+    if not isinstance(value, str):
+        raise ValueError('write the address as a string, e.g. "127.0.0.1:8642"')
+    if not value:
+        return ""
+    if value.isdigit():
+        value = f"127.0.0.1:{value}"  # only this host's users: what `vaccel status` shows them
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f'{value!r} is not host:port with a port from 1 to 65535, e.g. "127.0.0.1:8642"')
+    if host.startswith("[") != host.endswith("]") or (":" in host and not host.startswith("[")):
+        raise ValueError(f'{value!r}: write an IPv6 host in brackets, e.g. "[::1]:8642"')
+    return value
 
 
 # TOML table.key -> (Config field, parser)
@@ -77,6 +112,14 @@ _KEYS: dict[str, tuple[str, Any]] = {
     "probe.unleased_grace": ("unleased_grace_s", parse_duration),
     "memory.allocator_config": ("allocator_config", str),
     "memory.memory_cap": ("memory_cap_mib", parse_size_mib),
+    "enforce.mode": ("enforce_mode", str),
+    "enforce.grace": ("enforce_grace_s", parse_duration),
+    "web.listen": ("web_listen", listen_address),
+    "accounting.keep": ("accounting_keep_s", parse_duration),
+    "accounting.max_rows": ("accounting_max_rows", _whole_number),
+    "accounting.per_user_report": ("accounting_per_user_report", str),
+    "metrics.listen": ("metrics_listen", listen_address),
+    "metrics.hpc_job_mapping_dir": ("metrics_job_mapping_dir", lambda v: Path(v) if v else None),
 }
 
 
@@ -95,6 +138,14 @@ def _validate(config: Config) -> Config:
     where = config.source
     if config.heartbeat_ttl_s < 1:
         raise ConfigError(f"{where}: leases.heartbeat_ttl must be at least 1s")
+    if config.accounting_keep_s < 86400:
+        raise ConfigError(f"{where}: accounting.keep must be at least 1d")
+    if config.accounting_max_rows < 1000:
+        raise ConfigError(f"{where}: accounting.max_rows must be at least 1000")
+    if config.accounting_per_user_report not in ("admins", "everyone"):
+        raise ConfigError(f"{where}: accounting.per_user_report must be 'admins' or 'everyone'")
+    if config.metrics_job_mapping_dir is not None and not config.metrics_job_mapping_dir.is_absolute():
+        raise ConfigError(f"{where}: metrics.hpc_job_mapping_dir must be an absolute path")
     if config.token_ttl_s < 60:
         raise ConfigError(f"{where}: leases.token_ttl must be at least 60s")
     if config.probe_interval_s < 0.5:
@@ -110,6 +161,11 @@ def _validate(config: Config) -> Config:
             raise ConfigError(f"{where}: server.socket_group {config.socket_group!r} does not exist") from None
     if config.log_level not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"{where}: server.log_level must be debug, info, warning or error")
+    if config.enforce_mode not in ("off", "acl"):
+        raise ConfigError(f"{where}: enforce.mode must be 'off' or 'acl'")
+    if config.enforce_mode == "acl" and importlib.util.find_spec("posix1e") is None:
+        raise ConfigError(f"{where}: enforce.mode = \"acl\" needs the pylibacl package: "
+                          "pip install 'vaccel[enforce]' (it builds against libacl1-dev)")
     return config
 
 
@@ -118,12 +174,18 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> C
     config = Config()
     if path is not None and (path != DEFAULT_CONFIG_PATH or path.exists()):
         try:
-            doc = tomllib.loads(path.read_text())
+            text = path.read_text()
+            doc = tomllib.loads(text)
         except OSError as exc:
             raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
         values: dict[str, Any] = {"source": str(path)}
+        if "policy" in doc:  # nested tables per group: read by its own parser
+            try:
+                values["policy"] = parse_policy(doc.pop("policy"), str(path), text)
+            except PolicyError as exc:
+                raise ConfigError(str(exc)) from exc
         for key, raw in _flatten(doc).items():
             if key not in _KEYS:
                 known = ", ".join(sorted(_KEYS))

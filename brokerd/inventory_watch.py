@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from brokerd.devices import Device, Snapshot
+from brokerd.enforce.nodes import ungated as enforcement_holds_back
 from brokerd.journal import log_event
 from brokerd.lease_model import Lease
 from brokerd.occupancy import Occupancy, classify, to_signal
@@ -88,10 +89,13 @@ def lost_probes(before: Snapshot, after: Snapshot) -> list[str]:
     return sorted((had - has) - {"cpu"})
 
 
-def occupancy_of(snapshot: Snapshot, leases: Iterable[Lease]) -> tuple[Occupancy, dict[str, str]]:
+def occupancy_of(
+    snapshot: Snapshot, leases: Iterable[Lease], enforce: str = "off"
+) -> tuple[Occupancy, dict[str, str]]:
     """Match the snapshot's GPU processes to leases. Returns the occupancy and the devices
     that must not be granted now, with why: used without a lease (allocation fails
-    closed), or unhealthy."""
+    closed), unhealthy, or (with `enforce` = config.enforce_mode "acl") not gated: their
+    device nodes cannot be found or are open to everyone (brokerd/enforce/nodes.py)."""
     leases = list(leases)
     occupancy = classify(
         snapshot.processes,
@@ -100,8 +104,10 @@ def occupancy_of(snapshot: Snapshot, leases: Iterable[Lease]) -> tuple[Occupancy
         snapshot.devices,
         ancestry=ancestors,
         info=process_info,
+        reserved={u: (lease.holder.uid, lease.id) for lease in leases if lease.reservation for u in lease.devices},
     )
-    return occupancy, {**occupancy.busy, **_unhealthy(snapshot.devices)}
+    ungated = enforcement_holds_back(snapshot.devices) if enforce == "acl" else {}
+    return occupancy, {**ungated, **occupancy.busy, **_unhealthy(snapshot.devices)}
 
 
 class UnleasedSignaller:

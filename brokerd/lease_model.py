@@ -49,10 +49,32 @@ class Lease:
     reservation: bool = False  # held by the user (`vaccel reserve`), not by the asking process
     notice: str = ""  # why it ends early at expires_at (an admin's revoke with grace, idle reclaim)
     time_limit_s: float = 0.0  # the time limit it was granted with, 0 = none
+    ending_state: str = ""  # the state it ends in at expires_at when `notice` says it ends early
 
     @property
     def active(self) -> bool:
         return self.state == ACTIVE
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What a request asks for besides its contract: how long, which devices, and whether
+    it is a reservation (held by the user rather than by the asking process)."""
+
+    time_limit_s: float = 0.0  # 0 = none (the manager's maximum duration applies)
+    only: tuple[str, ...] = ()  # device uuids it may have; empty = any
+    reservation: bool = False
+
+
+@dataclass(frozen=True)
+class UserLimits:
+    """The policy that applies to one user (brokerd/policy_config.py resolves it). 0 = no limit."""
+
+    policy: str = "default"  # "default" or "group students": named in every refusal
+    max_devices: int = 0
+    max_waiting: int = 0
+    max_device_hours: float = 0.0
+    window_s: float = 7 * 86400.0
 
 
 @dataclass
@@ -63,6 +85,9 @@ class Request:
     evaluation: Evaluation
     terms: LeaseTerms
     since: float
+    ask: Ask = field(default_factory=Ask)
+    limits: UserLimits = field(default_factory=UserLimits)
+    reason: str = ""  # why it waits, as the last pump saw it ("" = its turn has not come)
 
 
 @dataclass(frozen=True)

@@ -10,20 +10,23 @@ Invariants (checked by `check_invariants`):
 - a device is owned by at most one active lease, and every active lease owns its devices;
 - a multi-device lease got all its devices in one step (`_grant` takes the whole set);
 - a queued request holds nothing;
-- a queued request that its own user's leases block reserves nothing (no head-of-line
-  hogging: see brokerd/reservations.py).
+- a queued request that its own user's leases block, or that a policy limit holds back,
+  reserves nothing (no head-of-line hogging: see brokerd/reservations.py).
+
+The waiting side (fair order, what waiters keep, backfill, the pump) is brokerd/lease_queue.py.
 """
 
 from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable, Container, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import replace
 
 from brokerd.contract import Evaluation, Requirement, evaluate
 from brokerd.devices import Device
 from brokerd.errors import Busy, Ended, LeaseError, NotFound, Unsatisfiable
+from brokerd.fairshare import UsageBook
 from brokerd.lease_model import (
     ENDED_STATES,
     EXPIRED,
@@ -31,18 +34,24 @@ from brokerd.lease_model import (
     LOST,
     RELEASED,
     REVOKED,
-    Grant,
+    TIME_LIMIT,
+    Ask,
     Lease,
     LeaseTerms,
     Request,
+    UserLimits,
 )
+from brokerd.lease_queue import QueueSide
 from brokerd.policy import select_devices
 from brokerd.process import Holder, ProcessId
+from brokerd.queue_rules import wait_reason
 from brokerd.reservations import Reservations
 from vaccel_common.units import format_duration
 
 _HISTORY = 1000
 _NO_TERMS = LeaseTerms()
+_NO_ASK = Ask()
+_NO_LIMITS = UserLimits()
 _EVALUATION_CACHE = 256
 
 
@@ -50,7 +59,7 @@ def _new_id(prefix: str) -> str:
     return f"{prefix}{secrets.token_hex(6)}"
 
 
-class LeaseManager:
+class LeaseManager(QueueSide):
     def __init__(
         self,
         devices: Sequence[Device] = (),
@@ -73,6 +82,8 @@ class LeaseManager:
         self.last_used: dict[str, float] = {}
         self.ended: dict[str, Lease] = {}  # recent history, oldest first
         self._evaluations: dict[Hashable, Evaluation] = {}  # valid for the current devices
+        self.usage = UsageBook()  # recent use per user, for the fair queue and the limits
+        self.aging_s = 4 * 3600.0  # a request this old goes ahead of all younger ones
 
     # -- inventory ---------------------------------------------------------------------
 
@@ -136,13 +147,19 @@ class LeaseManager:
         wait: bool,
         terms: LeaseTerms = _NO_TERMS,
         cache_key: Hashable | None = None,
+        ask: Ask = _NO_ASK,
+        limits: UserLimits = _NO_LIMITS,
     ) -> Lease | Request:
         """Grant now, or queue (wait=True), or refuse. Raises Unsatisfiable when no device
-        set on this host could ever satisfy the request, Busy when it would have to wait
-        and the caller won't. Requests with the same `cache_key` (same requirement, same
-        client facts) share one evaluation until the inventory changes."""
+        set on this host could ever satisfy the request (or a limit never lets it), Busy
+        when it would have to wait and the caller won't. Requests with the same
+        `cache_key` (same requirement, same client facts) share one evaluation until the
+        inventory changes."""
         if requirement.gpus < 1:
             raise Unsatisfiable("gpus must be at least 1")
+        if limits.max_devices and requirement.gpus > limits.max_devices:
+            raise Unsatisfiable(f"limit max_devices={limits.max_devices} for {limits.policy}: a request for "
+                                f"{requirement.gpus} devices can never start here")
         evaluation = self._evaluations.get(cache_key) if cache_key is not None else None
         if evaluation is None:
             evaluation = evaluate(requirement, list(self.devices.values()))
@@ -155,59 +172,31 @@ class LeaseManager:
             if evaluation.suggestions:
                 message += f" (suggestion: {evaluation.suggestions[0]})"
             raise Unsatisfiable(message, evaluation)
-        request = Request(self._new_id("r-"), holder, requirement, evaluation, terms, self._clock())
-        # Requests ahead in the queue reserve the free devices they could use (FIFO);
-        # a newcomer may only take free devices that none of them can use.
-        reserved = Reservations(self.leases.values())
-        for ahead in self.queue:
-            reserved.add(ahead)
-        lease = self._try_grant(request, reserved)
-        if lease is not None:
-            return lease
+        if ask.only:
+            evaluation = self._only(evaluation, ask.only, requirement.gpus)
+        request = Request(self._new_id("r-"), holder, requirement, evaluation, terms, self._clock(), ask, limits)
+        # The requests ahead of it in the queue's order keep what they will start on; the
+        # newcomer may take only what they leave it (or backfill).
+        order = self.ordered([*self.queue, request])
+        reserved = self._reservations()
+        for ahead in order[:order.index(request)]:
+            if not self._held_back(ahead, reserved):
+                reserved.add(ahead)
+        if not self._held_back(request, reserved):
+            lease = self._try_grant(request, reserved)
+            if lease is not None:
+                return lease
+            ahead = {r.holder.uid for r in order[:order.index(request)]} - {holder.uid}
+            request.reason = wait_reason(request, reserved, self._free(), len(ahead))
         if not wait:
-            raise Busy(f"no free device satisfies the request now; {self.holders_summary()}")
-        self.queue.append(request)
+            raise Busy(f"no free device satisfies the request now ({request.reason or 'busy'}); "
+                       f"{self.holders_summary()}")
+        self.queue = order
         return request
 
-    def cancel(self, request_id: str) -> bool:
-        for i, request in enumerate(self.queue):
-            if request.id == request_id:
-                del self.queue[i]
-                return True
-        return False
-
-    def pump(self) -> list[Grant]:
-        """Grant queued requests that can now be satisfied, in FIFO order."""
-        grants: list[Grant] = []
-        waiting: list[Request] = []
-        # Built once and kept up to date as the pass goes: rebuilding it for every request
-        # made a pump quadratic in the queue's length.
-        reserved = Reservations(self.leases.values())
-        for request in self.queue:
-            lease = self._try_grant(request, reserved)
-            if lease is None:
-                waiting.append(request)
-                reserved.add(request)
-            else:
-                grants.append(Grant(request, lease))
-                reserved.granted(lease)
-        self.queue = waiting
-        return grants
-
-    def queue_position(self, request_id: str) -> tuple[int, int]:
-        for i, request in enumerate(self.queue):
-            if request.id == request_id:
-                return i + 1, len(self.queue)
-        return 0, len(self.queue)
-
-    def blocked_by_own_leases(self, request: Request) -> bool:
-        """Whether the request's user holds so many of its eligible devices that the rest
-        cannot satisfy it."""
-        return Reservations(self.leases.values()).blocked(request)
-
-    def _try_grant(self, request: Request, reserved: Container[str]) -> Lease | None:
+    def _try_grant(self, request: Request, reserved: Reservations) -> Lease | None:
         eligible = set(request.evaluation.eligible)
-        free = [d for d in self._free() if d.uuid in eligible and d.uuid not in reserved]
+        free = [d for d in self._free() if d.uuid in eligible and reserved.permits(d.uuid, request)]
         if len(free) < request.requirement.gpus:
             return None
         chosen = select_devices(request.requirement, free, self.last_used, request.evaluation)
@@ -228,17 +217,24 @@ class LeaseManager:
             devices=uuids,
             backend=devices[0].backend,
             granted_at=now,
-            expires_at=now + self.max_duration_s if self.max_duration_s else 0.0,
+            expires_at=self._end_of(now, request.ask.time_limit_s),
             terms=request.terms,
             warnings=request.evaluation.warnings_for(uuids),
             simulated=any(d.simulated for d in devices),
             last_heartbeat=now,
             requested_at=request.since,
+            reservation=request.ask.reservation,
+            time_limit_s=request.ask.time_limit_s,
         )
         self.leases[lease.id] = lease
         for uuid in uuids:
             self.owner[uuid] = lease.id
         return lease
+
+    def _end_of(self, granted_at: float, time_limit_s: float) -> float:
+        """A lease's hard end: its time limit, else the maximum duration, else none (0)."""
+        limit = time_limit_s or self.max_duration_s
+        return granted_at + limit if limit else 0.0
 
     def rollback(self, lease_id: str) -> None:
         """Undo a grant that could not be made durable, as if it never happened."""
@@ -280,6 +276,8 @@ class LeaseManager:
         """End a lease on request: released when its holder's user asks, revoked when
         someone else does (permissions let only an admin get this far)."""
         lease = self.active(lease_id)
+        if lease.ending_state == REVOKED:  # told it was revoked, it gave up early: still a revoke
+            return self._end(lease, REVOKED, lease.notice)
         if by_uid == lease.holder.uid:
             return self._end(lease, RELEASED, reason or "released by its holder")
         return self._end(lease, REVOKED, reason or f"revoked by admin uid {by_uid}")
@@ -290,27 +288,59 @@ class LeaseManager:
         ended = []
         for lease in list(self.leases.values()):
             if lease.expires_at and now >= lease.expires_at:
-                why = f"reached the maximum lease duration of {format_duration(self.max_duration_s)}"
-                ended.append(self._end(lease, EXPIRED, why))
-            elif now - lease.last_heartbeat > self.ttl_s:
+                ended.append(self._end(lease, *self._ending(lease)))
+            elif not lease.reservation and now - lease.last_heartbeat > self.ttl_s:
                 silent = format_duration(now - lease.last_heartbeat)
                 why = f"no heartbeat for {silent} (TTL {format_duration(self.ttl_s)})"
                 ended.append(self._end(lease, EXPIRED, why))
         return ended
 
+    def _ending(self, lease: Lease) -> tuple[str, str]:
+        """The state and reason of a lease that reached its expires_at."""
+        if lease.notice:
+            return lease.ending_state or REVOKED, lease.notice
+        if lease.time_limit_s:
+            return TIME_LIMIT, f"reached its time limit of {format_duration(lease.time_limit_s)}"
+        return EXPIRED, f"reached the maximum lease duration of {format_duration(self.max_duration_s)}"
+
+    def _exit_state(self, lease: Lease, process: ProcessId) -> tuple[str, str]:
+        """How a lease ends when its holder exits: at or after its end (the holder stopped
+        because its time was up) or after being told of a revoke, as that end; else as
+        holder_exited."""
+        if (lease.expires_at and self._clock() >= lease.expires_at) or lease.ending_state == REVOKED:
+            return self._ending(lease)
+        return HOLDER_EXITED, f"holder pid {process.pid} exited"
+
+    def end_early(self, lease_id: str, at: float, state: str, notice: str) -> Lease:
+        """The lease will end at `at` (sooner than it would), in `state`, saying `notice` to
+        its holder meanwhile (an admin's revoke with grace, an idle reclaim)."""
+        lease = self.active(lease_id)
+        if not lease.expires_at or at < lease.expires_at or not lease.notice:
+            lease.expires_at = min(at, lease.expires_at) if lease.expires_at else at
+            lease.notice, lease.ending_state = notice, state
+        return lease
+
+    def call_off_ending(self, lease_id: str) -> Lease:
+        """An early end announced (idle reclaim) no longer applies: back to its own limit."""
+        lease = self.active(lease_id)
+        lease.notice, lease.ending_state = "", ""
+        lease.expires_at = self._end_of(lease.granted_at, lease.time_limit_s)
+        return lease
+
     def next_deadline(self) -> float | None:
         """The earliest time `expire` could end something, for the daemon's timer."""
-        times = [lease.last_heartbeat + self.ttl_s for lease in self.leases.values()]
+        times = [lease.last_heartbeat + self.ttl_s for lease in self.leases.values() if not lease.reservation]
         times += [lease.expires_at for lease in self.leases.values() if lease.expires_at]
         return min(times) if times else None
 
     def process_exited(self, process: ProcessId) -> tuple[list[Lease], list[Request]]:
         """The kernel says this process is gone: end its leases, drop its queued requests,
         forget it as a member."""
+        # A reservation is held by its user, not by the process that asked for it.
         ended = [
-            self._end(lease, HOLDER_EXITED, f"holder pid {process.pid} exited")
+            self._end(lease, *self._exit_state(lease, process))
             for lease in list(self.leases.values())
-            if lease.holder.process == process
+            if lease.holder.process == process and not lease.reservation
         ]
         for lease in self.leases.values():
             lease.members.discard(process)
@@ -320,7 +350,8 @@ class LeaseManager:
 
     def involves(self, process: ProcessId) -> bool:
         """Whether the process holds, has joined or waits for anything."""
-        return (any(lease.holder.process == process or process in lease.members for lease in self.leases.values())
+        return (any((lease.holder.process == process and not lease.reservation) or process in lease.members
+                    for lease in self.leases.values())
                 or any(r.holder.process == process for r in self.queue))
 
     def end(self, lease_id: str, state: str, reason: str) -> Lease:
@@ -335,6 +366,7 @@ class LeaseManager:
                 del self.owner[uuid]
             self.last_used[uuid] = now
         lease.state, lease.end_reason, lease.ended_at = state, reason, now
+        self.usage.add(lease)
         self.ended[lease.id] = lease
         while len(self.ended) > _HISTORY:
             del self.ended[next(iter(self.ended))]

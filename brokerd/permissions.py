@@ -35,6 +35,8 @@ class Action(Enum):
     JOIN = "join"
     RELEASE = "release"
     DRAIN = "drain"
+    REPORT = "report"
+    REPORT_OTHERS = "see other users' rows in a report"
 
 
 class Who(Enum):
@@ -77,6 +79,10 @@ RULES: Mapping[Action, Rule] = MappingProxyType({
     Action.RELEASE: Rule(_HOLDER_USER_OR_ADMIN, (
         "lease {lease} belongs to {owner}; only they, root or the admin group may release it")),
     Action.DRAIN: Rule(_ADMIN, "draining devices is for root and the {admin_group!r} group"),
+    # Totals are public like status; who used how much is personal data (docs/accounting.md),
+    # shown to everyone only when accounting.per_user_report = "everyone".
+    Action.REPORT: Rule(_ANYONE),
+    Action.REPORT_OTHERS: Rule(_ADMIN, "other users' rows are for root and the {admin_group!r} group"),
 })
 
 

@@ -14,13 +14,15 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING
+from dataclasses import replace
+from typing import TYPE_CHECKING, NamedTuple
 
 from brokerd.contract import Requirement, evaluate
 from brokerd.errors import DeadlineExceeded, Internal
 from brokerd.journal import log_event
-from brokerd.lease_model import RELEASED, Lease, LeaseTerms, Request
+from brokerd.lease_model import RELEASED, Ask, Lease, LeaseTerms, Request
 from brokerd.queue_record import WaitRecord, WaitRecords
+from brokerd.views import find_device
 from brokerd.waiting import Mailbox, QueuedUpdate
 
 if TYPE_CHECKING:
@@ -31,8 +33,17 @@ log = logging.getLogger("vaccel.brokerd")
 # How long a request restored at start-up waits for its client to come back to it. A
 # client reconnects within seconds of the broker's return (client/vaccel/session.py).
 REATTACH_GRACE_S = 60.0
-# A recorded request, rebuilt: its requirement and its accelerator config.
-Rebuild = Callable[[bytes], tuple[Requirement, str]]
+class Rebuilt(NamedTuple):
+    """A recorded request, rebuilt (brokerd/servicer.py rebuild_request)."""
+
+    requirement: Requirement
+    accelerator_config_yaml: str
+    time_limit_s: float = 0.0
+    devices: tuple[str, ...] = ()  # as the client named them
+    reservation: bool = False
+
+
+Rebuild = Callable[[bytes], Rebuilt]
 LEFT = "the client left before the grant reached it"
 
 
@@ -59,13 +70,21 @@ class DurableQueue:
                 why = "its grant has ended"
             else:
                 try:
-                    requirement, accelerator_config_yaml = rebuild(record.spec)
-                except Exception as exc:  # parsed once already; a newer parser may refuse it
-                    why = f"it can no longer be read ({exc})"
+                    rebuilt = rebuild(record.spec)
+                    requirement = rebuilt.requirement
+                    limits = self.config.policy.for_user(holder.user, holder.gid)
+                    ask = Ask(self._time_limit(limits, rebuilt.time_limit_s),
+                              tuple(find_device(self.manager, name).uuid for name in rebuilt.devices),
+                              rebuilt.reservation)
+                except Exception as exc:  # parsed once already; a newer parser or policy may refuse it
+                    why = f"it can no longer be read or granted ({exc})"
                 else:
                     evaluation = evaluate(requirement, list(self.manager.devices.values()))
                     if not evaluation.satisfiable:
                         why = evaluation.reason or "no device here satisfies it any more"
+                    elif ask.only:
+                        evaluation = replace(evaluation, eligible=tuple(
+                            u for u in evaluation.eligible if u in ask.only))
             if why:
                 log_event("dequeue", f"queued request {record.request_id} of {holder.user} dropped: {why}",
                           user=holder.user, pid=holder.pid, request_id=record.request_id)
@@ -74,9 +93,9 @@ class DurableQueue:
                 continue
             terms = LeaseTerms(allocator_config=self.config.allocator_config,
                                memory_cap_mib=self.config.memory_cap_mib,
-                               accelerator_config_yaml=accelerator_config_yaml)
+                               accelerator_config_yaml=rebuilt.accelerator_config_yaml)
             self.manager.queue.append(Request(record.request_id, holder, requirement, evaluation, terms,
-                                              record.since))
+                                              record.since, ask, limits.user_limits()))
             self.records.add(record)
             self._spawn(self._drop_if_unclaimed(record))
         if self.manager.queue:

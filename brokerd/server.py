@@ -43,7 +43,12 @@ MAX_MESSAGE_BYTES = 1 << 20
 # Config fields a reload cannot apply, with the names the config file gives them.
 RESTART_ONLY = {"socket": "server.socket", "state_dir": "server.state_dir", "inventory": "server.inventory",
                 "socket_mode": "server.socket_mode", "socket_group": "server.socket_group",
-                "token_ttl_s": "leases.token_ttl"}
+                "token_ttl_s": "leases.token_ttl",
+                # The gate is wired in at start-up and reconciles the nodes then (brokerd/enforce/).
+                "enforce_mode": "enforce.mode",
+                # Their hook and server exist or not from the start (brokerd/addons.py).
+                "metrics_listen": "metrics.listen", "metrics_job_mapping_dir": "metrics.hpc_job_mapping_dir",
+                "web_listen": "web.listen"}
 
 
 class StartupError(Exception):
@@ -147,12 +152,13 @@ class Daemon:
             if config.socket_group:
                 os.chown(path, -1, grp.getgrnam(config.socket_group).gr_gid)
         service.start_timers()
+        # Before the extra servers: the dashboard chains its live updates onto this one.
+        service.on_change = lambda: self.notifier.status(service.summary())
         closers = await addons.start_servers(config, service)
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, self._reload.set)
-        service.on_change = lambda: self.notifier.status(service.summary())
         watchdog = asyncio.create_task(self._watchdog())
 
         devices = len(snapshot.devices)

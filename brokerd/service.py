@@ -14,14 +14,17 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Hashable
 
+from brokerd.accounting import Accounting
 from brokerd.config import Config
 from brokerd.contract import Requirement, evaluate
 from brokerd.devices import Device, Snapshot
 from brokerd.errors import Busy, Internal, LeaseError
-from brokerd.inventory_watch import UnleasedSignaller, occupancy_of, probe_forever
+from brokerd.governing import Governance
+from brokerd.idle import IdleWatch
+from brokerd.inventory_watch import UnleasedSignaller, probe_forever
 from brokerd.journal import log_event
 from brokerd.lease_hooks import LeaseHook
-from brokerd.lease_model import HOLDER_EXITED, LOST, RELEASED, Lease, LeaseTerms
+from brokerd.lease_model import HOLDER_EXITED, LOST, RELEASED, Ask, Lease, LeaseTerms
 from brokerd.leases import LeaseManager
 from brokerd.liveness import ProcessWatcher
 from brokerd.occupancy import Occupancy
@@ -30,7 +33,9 @@ from brokerd.process import Identity, ProcessId
 from brokerd.queue_record import WaitRecord, WaitRecords
 from brokerd.queueing import LEFT, DurableQueue
 from brokerd.reaper import reap_after_end
+from brokerd.report import Report
 from brokerd.store import LeaseStore
+from brokerd.timers import Timers
 from brokerd.users import UserDirectory
 from brokerd.views import CheckView, DeviceView, StatusView, device_view, device_views, find_device, leases_of, summary
 from brokerd.waiting import QueuedUpdate, WaitingRoom
@@ -39,11 +44,12 @@ from vaccel_common.text import printable
 log = logging.getLogger("vaccel.brokerd")
 
 
-# Each waiting request holds a pidfd and a stream: bound what one user can pile up.
-MAX_QUEUED_PER_USER = 64
+# Each waiting request holds a pidfd and a stream: bound what one user can pile up, even
+# where the policy sets no limit (max_waiting = 0).
+MAX_QUEUED_PER_USER = 1024
 
 
-class BrokerService(DurableQueue):
+class BrokerService(DurableQueue, Governance, Timers):
     """What the broker offers its clients, one method per operation, for the servicer.
     The queue's half (waiting, pumping, restoring the queue) is brokerd/queueing.py."""
 
@@ -62,6 +68,7 @@ class BrokerService(DurableQueue):
         self._refresh_inventory = refresh
         self.manager = LeaseManager(snapshot.devices, ttl_s=config.heartbeat_ttl_s,
                                     max_duration_s=config.max_lease_duration_s, clock=clock)
+        self._adopt_policy(config)
         # Both read the config at each use: a reload changes the admin group.
         self.users = UserDirectory(lambda: self.config.admin_gid())
         self.permissions = Permissions(self.users.is_admin, lambda: self.config.admin_group)
@@ -73,8 +80,11 @@ class BrokerService(DurableQueue):
         self._watcher: ProcessWatcher | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._expiry_wakeup = asyncio.Event()
+        self._looked_at = 0.0
         self.on_change: Callable[[], None] = lambda: None
+        self.idle_watch = IdleWatch()
         self.hooks: list[LeaseHook] = []  # brokerd/lease_hooks.py: gating, accounting, metrics
+        self.accounting: Accounting | None = None  # set by brokerd/addons.py: the Report RPC, the dashboard
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -90,7 +100,8 @@ class BrokerService(DurableQueue):
         for lease in active:
             self.manager.restore(lease)
             restored = self.manager.leases[lease.id]
-            alive = self._watcher.watch(lease.holder.process)
+            # A reservation is held by its user: the command that booked it is long gone.
+            alive = restored.reservation or self._watcher.watch(lease.holder.process)
             restored.members = {m for m in lease.members if self._watcher.watch(m)}
             if alive:
                 log_event("restore", f"lease {lease.id} restored for {lease.holder.user}",
@@ -118,6 +129,11 @@ class BrokerService(DurableQueue):
         self.config = config
         self.manager.ttl_s = config.heartbeat_ttl_s
         self.manager.max_duration_s = config.max_lease_duration_s
+        self._adopt_policy(config)
+        # Limits changed: requests they held back may start, queue lines change.
+        for request in self.manager.queue:
+            request.limits = config.policy.for_user(request.holder.user, request.holder.gid).user_limits()
+        self._spawn(self._pump())
 
     async def close(self) -> None:
         """Stop the timers and every pidfd watch; the state stays on disk."""
@@ -148,6 +164,9 @@ class BrokerService(DurableQueue):
         cache_key: Hashable | None = None,
         key: str = "",
         spec: bytes = b"",
+        time_limit_s: float = 0.0,
+        devices: tuple[str, ...] = (),
+        reservation: bool = False,
     ) -> AsyncIterator[QueuedUpdate | Lease]:
         """Yield QueuedUpdate while waiting, then the granted Lease (already durable).
         Leaving the iteration early (the client cancelled) removes the request. `key` is
@@ -173,12 +192,17 @@ class BrokerService(DurableQueue):
             memory_cap_mib=self.config.memory_cap_mib,
             accelerator_config_yaml=accelerator_config_yaml,
         )
-        waiting = sum(1 for r in self.manager.queue if r.holder.uid == holder.uid)
-        if wait and waiting >= MAX_QUEUED_PER_USER:
-            self._forget_if_idle(holder.process)
-            raise Busy(f"{holder.user} already has {waiting} requests waiting; let some finish or cancel them")
         try:
-            outcome = self.manager.submit(holder, requirement, wait=wait, terms=terms, cache_key=cache_key)
+            limits = self.config.policy.for_user(holder.user, holder.gid)
+            ask = Ask(self._time_limit(limits, time_limit_s),
+                      tuple(find_device(self.manager, name).uuid for name in devices), reservation)
+            waiting = sum(1 for r in self.manager.queue if r.holder.uid == holder.uid)
+            cap = min(limits.max_waiting or MAX_QUEUED_PER_USER, MAX_QUEUED_PER_USER)
+            if wait and waiting >= cap:
+                raise Busy(f"limit max_waiting={cap} for {limits.name}: {holder.user} already has {waiting} "
+                           "requests waiting; let some finish or cancel them")
+            outcome = self.manager.submit(holder, requirement, wait=wait, terms=terms, cache_key=cache_key,
+                                          ask=ask, limits=limits.user_limits())
         except LeaseError as exc:
             log_event("refuse", f"refused {requirement.gpus} device(s) to {holder.user}: {exc}",
                       user=holder.user, pid=holder.pid, level=logging.INFO)
@@ -225,9 +249,12 @@ class BrokerService(DurableQueue):
             await self.store.save_members(lease)
         return lease
 
-    async def release(self, identity: Identity, lease_id: str, reason: str = "") -> Lease:
-        """End a lease: the holder's user releases it, an admin revokes it."""
+    async def release(self, identity: Identity, lease_id: str, reason: str = "", grace_s: float = 0.0) -> Lease:
+        """End a lease: the holder's user releases it, an admin revokes it. With a grace,
+        the holder is told now (with the reason) and the lease ends when the grace is over."""
         self.permissions.require(Action.RELEASE, identity, self.manager.active(lease_id))
+        if grace_s > 0:
+            return await self._end_after_grace(identity, lease_id, printable(reason), grace_s)
         lease = self.manager.release(lease_id, identity.uid, printable(reason))
         try:
             await self._record_end(lease)
@@ -319,38 +346,6 @@ class BrokerService(DurableQueue):
             self.waiting.announce(self.manager)
             self._spawn(self._pump())
 
-    # -- timers and inventory ----------------------------------------------------------
-
-    async def _expiry_loop(self) -> None:
-        while True:
-            saving = [self._record_end(lease) for lease in self.manager.expire()]
-            for saved in saving:
-                await self._logged(saved)
-            deadline = self.manager.next_deadline()
-            delay = 60.0 if deadline is None else max(0.05, deadline - time.time() + 0.01)
-            self._expiry_wakeup.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._expiry_wakeup.wait(), delay)
-
-    def apply_snapshot(self, snapshot: Snapshot) -> None:
-        """Adopt a fresh probe: grant what it freed, tell the systemd status line."""
-        before = (self.manager.devices.keys(), dict(self.manager.unavailable))
-        self._set_inventory(snapshot)
-        if before != (self.manager.devices.keys(), self.manager.unavailable):
-            log_event("inventory", f"devices now: {self.summary()}")
-            self._spawn(self._pump())
-            self.on_change()
-        if self.config.unleased_processes == "signal":
-            self._unleased.signal(self.occupancy, self.config.unleased_grace_s)
-
-    def _set_inventory(self, snapshot: Snapshot) -> None:
-        """Adopt a snapshot: hold back unhealthy devices and devices used without a lease
-        (allocation fails closed), end leases on lost devices."""
-        self.snapshot = snapshot
-        self.occupancy, unavailable = occupancy_of(snapshot, self.manager.leases.values())
-        for lost in self.manager.set_inventory(snapshot.devices, unavailable):
-            self._spawn(self._logged(self._record_end(lost)))
-
     # -- queries: plain data for the servicer, each behind its permission -------------
 
     @property
@@ -365,7 +360,7 @@ class BrokerService(DurableQueue):
         """Every device with its holder, the queue, GPU processes without a lease, probes."""
         self.permissions.require(Action.STATUS, identity)
         return StatusView(device_views(self.manager), tuple(self.manager.queue), self.occupancy.unleased,
-                          self.snapshot.verdicts, self.snapshot.simulated)
+                          self.snapshot.verdicts, self.snapshot.simulated, self.usage_views())
 
     def leases(self, identity: Identity, *, everyone: bool = False, include_ended: bool = False) -> list[Lease]:
         """The caller's leases, or everyone's (admins only), oldest grant first."""
@@ -383,6 +378,14 @@ class BrokerService(DurableQueue):
         self.permissions.require(Action.CHECK, identity)
         views = device_views(self.manager)
         return CheckView(evaluate(requirement, [v.device for v in views]), views)
+
+    async def report(self, identity: Identity, since: float, until: float, by: str) -> Report:
+        """Usage over a period (brokerd/accounting.py); other users' rows only for admins."""
+        self.permissions.require(Action.REPORT, identity)
+        if self.accounting is None:
+            raise Internal("this broker keeps no accounting")
+        others = self.permissions.allows(Action.REPORT_OTHERS, identity)
+        return await self.accounting.areport(since, until, by, identity.uid, others)
 
     def summary(self) -> str:
         return summary(self.manager)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import math
 import socket
+import time
 from collections.abc import AsyncIterator
 
 import grpc
@@ -17,10 +18,14 @@ from brokerd.contract import Requirement
 from brokerd.contract.convert import check_line_to_proto, requirement_from_request
 from brokerd.contract.spec import ContractError
 from brokerd.devices import Device
-from brokerd.errors import LeaseError
+from brokerd.enforce.nodes import gate_problem
+from brokerd.errors import LeaseError, Unsatisfiable
 from brokerd.identity import TokenAuthority, TokenError
 from brokerd.lease_model import Lease, heartbeat_interval
 from brokerd.process import Holder, Identity
+from brokerd.queueing import Rebuilt
+from brokerd.report import BY as REPORT_BY
+from brokerd.report import Report, ReportRow
 from brokerd.service import BrokerService
 from brokerd.views import DeviceView
 from brokerd.waiting import QueuedUpdate
@@ -34,6 +39,7 @@ log = logging.getLogger("vaccel.brokerd")
 MAX_GPUS = 1024
 MAX_MEMORY_MIB = 1 << 40  # 1 EiB: anything above is a typo, not a GPU
 MAX_WAIT_S = 366 * 86400
+MAX_TIME_LIMIT_S = 366 * 86400  # the policy's time_max refuses far less; this catches typos early
 MAX_TEXT = 256 * 1024  # contract files and config: plenty for YAML a human writes
 
 _CODES = {
@@ -59,12 +65,16 @@ def device_pb(device: Device, state: str = "", lease: Lease | None = None, drain
         numa_node=device.numa_node, backend=device.backend, state=state,
         memory_used_mib=device.memory_used_mib, interconnect_group=device.interconnect_group,
         runtime_version=device.runtime_version, compute_capability=device.compute_capability,
-        visible_id=device.visible, drain_reason=drain_reason,
+        visible_id=device.visible, drain_reason=drain_reason, device_nodes=device.device_nodes,
     )
     if lease is not None:
         msg.lease_id = lease.id
         msg.holder.CopyFrom(_holder_pb(lease.holder))
+        if lease.reservation:
+            msg.holder.pid = 0  # held by the user: the command that booked it has gone
         msg.since = lease.granted_at
+        if lease.expires_at and lease.active:
+            msg.time_left_s = max(0.0, lease.expires_at - time.time())
     return msg
 
 
@@ -149,6 +159,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             identity, requirement, wait=wait, max_wait_s=max_wait, command=request.command[:200],
             accelerator_config_yaml=request.accelerator_config_yaml, cache_key=cache_key,
             key=request.request_key[:64], spec=request.SerializeToString(),
+            time_limit_s=request.time_limit_s, devices=tuple(request.devices), reservation=request.reservation,
         )
         try:
             async for update in updates:
@@ -174,7 +185,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     async def Release(self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext) -> pb.Lease:
         identity = await self._identity(context)
         try:
-            lease = await self.service.release(identity, request.lease_id, request.reason[:500])
+            if not 0 <= request.grace_s <= MAX_WAIT_S:
+                raise Unsatisfiable(f"grace must be between 0 and {MAX_WAIT_S:.0f} seconds, got {request.grace_s}")
+            lease = await self.service.release(identity, request.lease_id, request.reason[:500], request.grace_s)
         except LeaseError as exc:
             await self._fail(context, exc)
         return self.lease_pb(lease)
@@ -208,26 +221,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     async def Status(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.StatusReply:
         identity = await self._identity(context)
         try:
-            status = self.service.status(identity)
+            return status_reply(self.service, identity)
         except LeaseError as exc:
             await self._fail(context, exc)
-        reply = pb.StatusReply(hostname=socket.gethostname(), version=__version__, simulated=status.simulated)
-        reply.devices.extend(view_pb(view, with_drain_reason=True) for view in status.devices)
-        for position, queued in enumerate(status.queue, start=1):
-            reply.queue.append(pb.QueueEntry(
-                request_id=queued.id, requester=_holder_pb(queued.holder),
-                gpus=queued.requirement.gpus, min_memory_mib=queued.requirement.min_memory_mib,
-                since=queued.since, position=position,
-            ))
-        for proc in status.unleased_processes:
-            reply.unleased_processes.append(pb.GpuProcess(
-                pid=proc.pid, uid=max(proc.uid, 0), user=proc.user, command=proc.command,
-                used_memory_mib=proc.used_memory_mib, device_uuid=proc.device_uuid,
-            ))
-        for verdict in status.probes:
-            reply.probes.append(pb.ProbeVerdict(vendor=verdict.vendor, available=verdict.available,
-                                                reason=verdict.reason))
-        return reply
+            raise
 
     async def Drain(self, request: pb.DrainRequest, context: grpc.aio.ServicerContext) -> pb.Device:
         identity = await self._identity(context)
@@ -262,17 +259,89 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         reply.suggestions.extend(evaluation.suggestions)
         return reply
 
+    async def Report(self, request: pb.ReportRequest, context: grpc.aio.ServicerContext) -> pb.ReportReply:
+        identity = await self._identity(context)
+        problem = _validate_report(request)
+        if problem:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        if getattr(self.service, "accounting", None) is None:  # brokerd/addons.py sets it
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this broker keeps no accounting")
+        try:
+            report = await self.service.report(identity, request.since, request.until, request.by or "user")
+        except LeaseError as exc:
+            await self._fail(context, exc)
+        return report_pb(report)
 
-def rebuild_request(spec: bytes) -> tuple[Requirement, str]:
+
+def report_pb(report: Report) -> pb.ReportReply:
+    def row(r: ReportRow) -> pb.ReportRow:
+        return pb.ReportRow(key=r.key, device_hours=r.device_hours, leases=r.leases, wait_p50_s=r.wait_p50_s,
+                            wait_p90_s=r.wait_p90_s, wait_max_s=r.wait_max_s,
+                            idle_device_hours=r.idle_device_hours, end_reasons=r.end_reasons)
+
+    return pb.ReportReply(since=report.since, until=report.until, by=report.by, rows=[row(r) for r in report.rows],
+                          total=row(report.total), rows_hidden=report.rows_hidden)
+
+
+def _validate_report(request: pb.ReportRequest) -> str:
+    if request.by not in ("", *REPORT_BY):
+        return f"by must be one of {', '.join(REPORT_BY)}, got {request.by[:40]!r}"
+    if not all(math.isfinite(t) and 0 <= t < 1e11 for t in (request.since, request.until)):
+        return "since and until must be Unix times (0: the default)"
+    if request.since and request.until and request.since >= request.until:
+        return "since must come before until"
+    return ""
+
+
+def status_reply(service: BrokerService, identity: Identity) -> pb.StatusReply:
+    """What `vaccel status` shows `identity`, as a message: the Status RPC's reply, and the
+    dashboard's (brokerd/web), which asks as an anonymous local user."""
+    status = service.status(identity)
+    reply = pb.StatusReply(hostname=socket.gethostname(), version=__version__, simulated=status.simulated)
+    reply.devices.extend(view_pb(view, with_drain_reason=True) for view in status.devices)
+    reply.enforcement = service.config.enforce_mode
+    if reply.enforcement == "acl":  # the same rule that holds an ungated device back (enforce/nodes.py)
+        for msg, view in zip(reply.devices, status.devices, strict=True):
+            msg.gate_reason = gate_problem(view.device)
+            msg.gated = not msg.gate_reason
+    index = {view.device.uuid: view.device.index for view in status.devices}
+    for position, queued in enumerate(status.queue, start=1):
+        reply.queue.append(pb.QueueEntry(
+            request_id=queued.id, requester=_holder_pb(queued.holder),
+            gpus=queued.requirement.gpus, min_memory_mib=queued.requirement.min_memory_mib,
+            since=queued.since, position=position, reason=queued.reason,
+            time_limit_s=queued.ask.time_limit_s,
+            devices=[f"gpu{index[u]}" for u in queued.ask.only if u in index],
+        ))
+    for use in status.usage:
+        reply.usage.append(pb.UserUsage(
+            user=use.user, uid=use.uid, policy=use.policy, devices_held=use.devices_held,
+            max_devices=use.max_devices, waiting=use.waiting, max_waiting=use.max_waiting,
+            device_hours=use.device_hours, max_device_hours=use.max_device_hours, window_s=use.window_s,
+            fair_usage=use.fair_usage,
+        ))
+    for proc in status.unleased_processes:
+        reply.unleased_processes.append(pb.GpuProcess(
+            pid=proc.pid, uid=max(proc.uid, 0), user=proc.user, command=proc.command,
+            used_memory_mib=proc.used_memory_mib, device_uuid=proc.device_uuid,
+        ))
+    for verdict in status.probes:
+        reply.probes.append(pb.ProbeVerdict(vendor=verdict.vendor, available=verdict.available,
+                                            reason=verdict.reason))
+    return reply
+
+
+def rebuild_request(spec: bytes) -> Rebuilt:
     """A queued request recorded as it arrived (`spec`), as the service takes it again
-    after a restart: its requirement and its accelerator config."""
+    after a restart: its requirement, its accelerator config and what else it asked."""
     request = pb.AcquireRequest.FromString(spec)
     requirement = requirement_from_request(
         request.gpus, request.min_memory_mib, request.runtime_spec_yaml,
         request.runtime_spec_name or "runtime-spec.yaml", request.accelerator_config_yaml,
         request.accelerator_config_name or "accelerator-config.yaml", request.client,
     )
-    return requirement, request.accelerator_config_yaml
+    return Rebuilt(requirement, request.accelerator_config_yaml, request.time_limit_s, tuple(request.devices),
+                   request.reservation)
 
 
 def _validate_acquire(request: pb.AcquireRequest) -> str:
@@ -289,5 +358,11 @@ def _validate_acquire(request: pb.AcquireRequest) -> str:
         return f"wait must be between 0 and {MAX_WAIT_S} seconds (or forever), got {wait}"
     if len(request.runtime_spec_yaml) > MAX_TEXT or len(request.accelerator_config_yaml) > MAX_TEXT:
         return "contract file larger than 256 KiB"
+    limit = request.time_limit_s
+    if math.isnan(limit) or limit < 0 or limit > MAX_TIME_LIMIT_S:
+        return (f"a time limit must be more than 0 and at most {MAX_TIME_LIMIT_S / 86400:.0f} days, "
+                f"got {limit:g} seconds")
+    if len(request.devices) > MAX_GPUS or any(len(d) > 128 for d in request.devices):
+        return "too many or too long device names"
     return ""
 

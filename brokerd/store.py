@@ -42,6 +42,7 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         "ALTER TABLE leases ADD COLUMN reservation INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE leases ADD COLUMN notice TEXT NOT NULL DEFAULT ''",
         "ALTER TABLE leases ADD COLUMN time_limit_s REAL NOT NULL DEFAULT 0",
+        "ALTER TABLE leases ADD COLUMN ending_state TEXT NOT NULL DEFAULT ''",
     ),
 }
 DB_NAME = "leases.db"
@@ -60,7 +61,8 @@ CREATE TABLE IF NOT EXISTS leases (
     terms TEXT NOT NULL, warnings TEXT NOT NULL, simulated INTEGER NOT NULL,
     members TEXT NOT NULL DEFAULT '[]',
     requested_at REAL NOT NULL DEFAULT 0, reservation INTEGER NOT NULL DEFAULT 0,
-    notice TEXT NOT NULL DEFAULT '', time_limit_s REAL NOT NULL DEFAULT 0
+    notice TEXT NOT NULL DEFAULT '', time_limit_s REAL NOT NULL DEFAULT 0,
+    ending_state TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS holdings (
     device_uuid TEXT PRIMARY KEY,
@@ -95,7 +97,7 @@ def _lease_row(lease: Lease) -> tuple:
         lease.ended_at, lease.end_reason, json.dumps(asdict(lease.terms)),
         json.dumps([asdict(w) for w in lease.warnings]), int(lease.simulated),
         json.dumps(sorted(lease.members)), lease.requested_at, int(lease.reservation), lease.notice,
-        lease.time_limit_s,
+        lease.time_limit_s, lease.ending_state,
     )
 
 
@@ -118,6 +120,7 @@ def _lease_from_row(row: sqlite3.Row) -> Lease:
         reservation=bool(row["reservation"]),
         notice=row["notice"],
         time_limit_s=row["time_limit_s"],
+        ending_state=row["ending_state"],
     )
 
 
@@ -260,10 +263,10 @@ class LeaseStore:
 
     def save_ending(self, lease: Lease) -> asyncio.Future[None]:
         """The lease now ends early at its expires_at, for the reason in its notice."""
-        args = (lease.expires_at, lease.notice, lease.id)
+        args = (lease.expires_at, lease.notice, lease.ending_state, lease.id)
 
         def op(conn: sqlite3.Connection) -> None:
-            conn.execute("UPDATE leases SET expires_at=?, notice=? WHERE id=?", args)
+            conn.execute("UPDATE leases SET expires_at=?, notice=?, ending_state=? WHERE id=?", args)
 
         return self._submit(op)
 

@@ -33,6 +33,24 @@ class StatusView:
     unleased_processes: tuple[GpuProcess, ...]
     probes: tuple[ProbeVerdict, ...]
     simulated: bool
+    usage: tuple[UsageView, ...] = ()  # each user with leases or requests, against their limits
+
+
+@dataclass(frozen=True)
+class UsageView:
+    """One user's use against the limits that apply to them (`vaccel status`)."""
+
+    user: str
+    uid: int
+    policy: str
+    devices_held: int
+    max_devices: int
+    waiting: int
+    max_waiting: int
+    device_hours: float  # in the window
+    max_device_hours: float
+    window_s: float
+    fair_usage: float  # decayed device-hours: the fair queue serves the least first
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from brokerd.errors import LeaseError
 from brokerd.lease_model import Lease
 from brokerd.leases import LeaseManager
-from brokerd.reservations import Reservations
 from brokerd.views import DeviceView, device_view
 
 
@@ -31,7 +30,7 @@ class Mailbox:
     """One waiting client's: read only by that client's acquire stream."""
 
     items: asyncio.Queue[QueuedUpdate | Lease | LeaseError] = field(default_factory=asyncio.Queue)
-    last_seen: tuple[int, int, bool] = (0, 0, False)  # place, queue length, blocked by own leases
+    last_seen: tuple[int, int, str] = (0, 0, "")  # place, queue length, reason it waits
 
     async def receive(self, timeout: float | None) -> QueuedUpdate | Lease:
         """The next update or the grant; raises the error posted, or TimeoutError."""
@@ -96,21 +95,20 @@ class WaitingRoom:
         held = tuple(device_view(manager, devices[uuid]) for uuid in manager.owner if uuid in devices)
         summary = manager.holders_summary()
         total = len(manager.queue)
-        own = Reservations(manager.leases.values())
         # One pass: asking the manager for each request's place would make this quadratic
         # in the queue's length, and it runs on every grant and every change of the queue.
         for place, request in enumerate(manager.queue, start=1):
             box = self._boxes.get(request.id)
             if box is None:
                 continue
-            blocked = own.blocked(request)
-            if (place, total, blocked) == box.last_seen:
+            if (place, total, request.reason) == box.last_seen:
                 continue
-            box.last_seen = (place, total, blocked)
+            box.last_seen = (place, total, request.reason)
             position = (place, total)
             n = request.requirement.gpus
-            # Say why it keeps nothing back: else a student sees "position 1" for ever.
-            why = " (blocked by your own leases: it starts once you release one)" if blocked else ""
+            # Say why it waits (the pump left the reason on it): else a student sees
+            # "position 1" for ever and does not know a limit or their own lease holds it.
+            why = f" ({request.reason})" if request.reason else ""
             message = (f"waiting for {n} GPU{'s' if n > 1 else ''}: position {position[0]} "
                        f"of {position[1]}{why}; {summary}")
             box.items.put_nowait(QueuedUpdate(position[0], position[1], message, held, request.id))

@@ -9,8 +9,10 @@ cd "$(dirname "$0")/.."
 VENV=${1:-${VACCEL_VENV:?give the venv path as an argument or in VACCEL_VENV}}
 
 # Debian packages: libsystemd-dev + pkg-config build systemd-python; systemd gives
-# systemd-analyze; systemd-container, debootstrap and zstd run the systemd boot test.
-APT_PACKAGES=(python3-venv libsystemd-dev pkg-config systemd systemd-container debootstrap zstd)
+# systemd-analyze; systemd-container, debootstrap and zstd run the systemd boot test;
+# chromium drives the web dashboard's test headless (tests/test_dashboard.py);
+# libacl1-dev builds pylibacl, the device-node ACLs of `[enforce] mode = "acl"` (brokerd/enforce/).
+APT_PACKAGES=(python3-venv libsystemd-dev pkg-config systemd systemd-container debootstrap zstd chromium libacl1-dev)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -37,6 +39,7 @@ pip_install() { "$VENV/bin/pip" install -q --disable-pip-version-check "$@" 2>&1
 "$VENV/bin/python" -c "import torch" 2>/dev/null || pip_install torch==2.13.0
 extras="dev,torch"
 if pkg-config --exists libsystemd 2>/dev/null; then extras="$extras,systemd"; fi
+if [ -e /usr/include/sys/acl.h ]; then extras="$extras,enforce"; fi
 pip_install -e ".[$extras]"
 chmod -R a+rX "$VENV"
 echo "setup: ready ($VENV, extras $extras)"

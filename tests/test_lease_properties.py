@@ -23,7 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from brokerd.contract import Requirement, evaluate
 from brokerd.devices import Device
 from brokerd.errors import Busy, LeaseError, Unsatisfiable
-from brokerd.lease_model import Lease, LeaseTerms, Request
+from brokerd.lease_model import Ask, Lease, LeaseTerms, Request, UserLimits
 from brokerd.leases import LeaseManager
 from brokerd.permissions import Action, Permissions
 from brokerd.process import Holder
@@ -55,6 +55,7 @@ class LeaseMachine(RuleBasedStateMachine):
         self.present = set(range(N_DEVICES))
         self.sick: set[int] = set()
         self.granted: list[Lease] = []
+        self.limits: dict[int, UserLimits] = {}
         self.dir = Path(tempfile.mkdtemp(prefix="vaccel-props-", dir=SCRATCH))
         self.loop = asyncio.new_event_loop()
         self.store = LeaseStore(self.dir)
@@ -103,17 +104,23 @@ class LeaseMachine(RuleBasedStateMachine):
 
     # -- rules -------------------------------------------------------------------------
 
-    @rule(holder=st.sampled_from(HOLDERS), gpus=st.integers(1, 5), big=st.booleans(), wait=st.booleans())
-    def submit(self, holder: Holder, gpus: int, big: bool, wait: bool) -> None:
+    @rule(holder=st.sampled_from(HOLDERS), gpus=st.integers(1, 5), big=st.booleans(), wait=st.booleans(),
+          max_devices=st.integers(0, 3), time_limit=st.sampled_from([0.0, 5.0, 20.0, 60.0]))
+    def submit(self, holder: Holder, gpus: int, big: bool, wait: bool, max_devices: int, time_limit: float) -> None:
         memory = 40 * 1024 if big else 0
         requirement = Requirement(gpus, min_memory_mib=memory)
         before = dict(self.manager.owner)
+        limits = UserLimits(max_devices=max_devices)
+        self.limits[holder.uid] = limits
         try:
-            outcome = self.manager.submit(holder, requirement, wait=wait)
+            outcome = self.manager.submit(holder, requirement, wait=wait, ask=Ask(time_limit_s=time_limit),
+                                          limits=limits)
         except (Busy, Unsatisfiable):
             assert self.manager.owner == before, "a refused request changed holdings"
             return
+        self._in_fair_order()
         if isinstance(outcome, Lease):
+            self._within_limits(outcome, limits)
             assert len(outcome.devices) == gpus, "partial grant"
             if big:
                 assert all(int(u.split("-")[1]) < 2 for u in outcome.devices)
@@ -149,9 +156,20 @@ class LeaseMachine(RuleBasedStateMachine):
         assert self.manager.cancel(request.id)
         self._write(lambda: self.store.save_dequeued(request.id))
 
+    def _within_limits(self, lease: Lease, limits: UserLimits) -> None:
+        held = sum(len(x.devices) for x in self.manager.leases.values() if x.holder.uid == lease.holder.uid)
+        assert not limits.max_devices or held <= limits.max_devices, "a grant went over max_devices"
+
+    def _in_fair_order(self) -> None:
+        assert [r.id for r in self.manager.ordered()] == [r.id for r in self.manager.queue], \
+            "the queue is not in the fair order"
+
     @rule()
     def pump(self) -> None:
         grants = self.manager.pump()
+        self._in_fair_order()
+        for grant in grants:
+            self._within_limits(grant.lease, grant.request.limits)
         self._record([g.lease for g in grants])
         self._granted([(g.lease, g.request.id) for g in grants])
 
@@ -194,18 +212,24 @@ class LeaseMachine(RuleBasedStateMachine):
         queue = [r.id for r in self.manager.queue]
         self.store.close()
         self.store = LeaseStore(self.dir)
-        active, _ended, _drained = self.store.open()
+        active, ended, _drained = self.store.open()
         records = self.store.queued()
         fresh = self._new_manager()
+        for lease in ended:  # as the service restores them: the fair queue's memory of use
+            fresh.ended[lease.id] = lease
+            fresh.usage.add(lease)
         for lease in active:
             fresh.restore(lease)
         assert not any(r.lease_id for r in records), "a delivered grant left its request behind"
         for r in records:
             requirement = requirement_of(r.spec)
             evaluation = evaluate(requirement, list(fresh.devices.values()))
-            fresh.queue.append(Request(r.request_id, r.holder, requirement, evaluation, LeaseTerms(), r.since))
+            fresh.queue.append(Request(r.request_id, r.holder, requirement, evaluation, LeaseTerms(), r.since,
+                                       limits=self.limits.get(r.holder.uid, UserLimits())))
         assert set(fresh.leases) == live
-        assert [r.id for r in fresh.queue] == queue
+        # The file keeps arrival order; the order served is the fair one, worked out again
+        # from what the file holds (arrival times, past use).
+        assert [r.id for r in fresh.ordered()] == queue
         self._ended(fresh.set_inventory(self._devices()))
         self.manager = fresh
 
@@ -230,7 +254,11 @@ class LeaseMachine(RuleBasedStateMachine):
             conn.close()
         assert active == set(self.manager.leases), "active leases on disk differ from the manager's"
         assert holdings == self.manager.owner, "device holdings on disk differ from the manager's"
-        assert queue == [r.id for r in self.manager.queue], "the queue on disk differs from the manager's"
+        # The file keeps the requests in arrival order, the manager in the fair order it
+        # serves them (worked out from arrival and past use; the restart rule checks that).
+        assert sorted(queue) == sorted(r.id for r in self.manager.queue), "the queue on disk differs from the manager's"
+        since = {r.id: r.since for r in self.manager.queue}
+        assert [since[i] for i in queue] == sorted(since[i] for i in queue), "the file is not in arrival order"
 
 
 LeaseMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)

@@ -107,3 +107,16 @@ def test_to_signal_never_root() -> None:
                    info=info.get)
     assert occ.busy[GPU1].startswith("IN USE WITHOUT LEASE by root")
     assert to_signal(occ, {7: 0.0}, now=1e9, grace_s=1.0) == []
+
+
+def test_a_reservation_covers_its_users_processes_on_its_devices_and_nobody_elses() -> None:
+    # Alice reserved GPU1 (no process holds a reservation): her pid 600, started from her
+    # own shell, is covered there; Bob's pid 12345 on the same device is not.
+    reserved = {GPU1: (1001, "L-booked")}
+    occ = run([GpuProcess(600, GPU1, 512), GpuProcess(12345, GPU1, 1024)], reserved=reserved)
+    assert occ.matched == {600: "L-booked"}
+    assert [p.pid for p in occ.unleased] == [12345]
+    assert occ.busy == {GPU1: "IN USE WITHOUT LEASE by bob: pid 12345 python3, 1024 MiB"}
+    # On a device she did not reserve her process is unleased as any other.
+    occ = run([GpuProcess(600, GPU2, 512)], reserved=reserved)
+    assert [p.pid for p in occ.unleased] == [600]

@@ -49,6 +49,8 @@ TABLE: dict[Action, tuple[set[str], str]] = {
     Action.RELEASE: ({"holder", "same user", "admin"},
                      f"{BELONGS}; only they, root or the admin group may release it"),
     Action.DRAIN: ({"admin"}, "draining devices is for root and the 'vaccel-admin' group"),
+    Action.REPORT: (ALL, ""),
+    Action.REPORT_OTHERS: ({"admin"}, "other users' rows are for root and the 'vaccel-admin' group"),
 }
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from brokerd.config import Config
 from brokerd.contract import Requirement
 from brokerd.lease_model import Lease
+from brokerd.queueing import Rebuilt
 from brokerd.service import BrokerService
 from brokerd.store import LeaseStore
 from brokerd.waiting import QueuedUpdate
@@ -28,8 +29,8 @@ from tests.test_grant_races import identity_of
 from tests.test_service import one_gpu
 
 
-def rebuild(spec: bytes) -> tuple[Requirement, str]:
-    return Requirement(int(spec.decode())), ""
+def rebuild(spec: bytes) -> Rebuilt:
+    return Rebuilt(Requirement(int(spec.decode())), "")
 
 
 def open_service(state_dir: Path) -> tuple[LeaseStore, BrokerService]:

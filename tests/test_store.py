@@ -45,6 +45,7 @@ def make_lease(lease_id: str, *devices: str) -> Lease:
         reservation=True,
         notice="revoked by root: maintenance",
         time_limit_s=7200.0,
+        ending_state="revoked",
     )
 
 

@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING, Any
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
 __version__ = "0.1.0"
-__all__ = ["Accelerator", "Lease", "LeaseError", "LeaseLost", "current_lease", "init_accelerator", "lease"]
+__all__ = ["Accelerator", "Lease", "LeaseEnding", "LeaseError", "LeaseLost", "current_lease", "init_accelerator",
+           "lease"]
 
 if TYPE_CHECKING:
     from vaccel.accelerator import Accelerator
     from vaccel.current import current_lease, init_accelerator
-    from vaccel.leasing import Lease, LeaseError, LeaseLost, lease
+    from vaccel.leasing import Lease, LeaseEnding, LeaseError, LeaseLost, lease
 
 
 def __getattr__(name: str) -> Any:
@@ -34,7 +35,7 @@ def __getattr__(name: str) -> Any:
         from vaccel.accelerator import Accelerator
 
         return Accelerator
-    if name in ("lease", "Lease", "LeaseError", "LeaseLost"):
+    if name in ("lease", "Lease", "LeaseEnding", "LeaseError", "LeaseLost"):
         from vaccel import leasing
 
         return getattr(leasing, name)

@@ -19,8 +19,9 @@ import grpc
 
 from vaccel.connection import BrokerConnection, BrokerUnavailable
 from vaccel.lease_types import LeaseError
+from vaccel_common import status_json as status_shape
 from vaccel_common.text import printable
-from vaccel_common.units import format_duration, format_mib, parse_duration, parse_size_mib
+from vaccel_common.units import format_duration, parse_duration, parse_size_mib
 from vaccel_common.v1 import broker_pb2 as pb
 
 EXIT_REFUSED = 1
@@ -65,22 +66,8 @@ def _rpc(conn: BrokerConnection, method: str, request: Any) -> Any:
         raise CliError(exc.details() or exc.code().name, code) from None
 
 
-def _ints(value: Any) -> Any:
-    """protobuf's JSON mapping writes int64 as strings; scripts want numbers."""
-    if isinstance(value, dict):
-        return {k: int(v) if k in _INT64_FIELDS and isinstance(v, str) else _ints(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_ints(v) for v in value]
-    return value
-
-
-_INT64_FIELDS = {"memory_mib", "memory_used_mib", "min_memory_mib", "used_memory_mib", "memory_cap_mib"}
-
-
 def _to_dict(msg: Any) -> dict[str, Any]:
-    from google.protobuf.json_format import MessageToDict  # ~20 ms of imports: only for --json
-
-    return _ints(MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True))
+    return status_shape.message_dict(msg)
 
 
 def _since(ts: float) -> str:
@@ -108,59 +95,18 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 
 def status_json(reply: pb.StatusReply) -> dict[str, Any]:
-    """The DESIGN.md shape: devices with state and holder, the queue, unleased processes."""
-    devices = []
-    for d in reply.devices:
-        item = _to_dict(d)
-        item["holder"] = ({"user": d.holder.user, "uid": d.holder.uid, "pid": d.holder.pid,
-                           "command": d.holder.command} if d.lease_id else None)
-        item["lease_id"] = d.lease_id or None
-        item["since"] = d.since or None
-        devices.append(item)
-    return {
-        "hostname": reply.hostname,
-        "version": reply.version,
-        "simulated": reply.simulated,
-        "devices": devices,
-        "queue": [_to_dict(q) for q in reply.queue],
-        "unleased_processes": [_to_dict(p) for p in reply.unleased_processes],
-        "probes": [_to_dict(p) for p in reply.probes],
-    }
-
-
-def render_status(reply: pb.StatusReply) -> str:
-    out = [f"host {reply.hostname}{' (simulated devices)' if reply.simulated else ''}"]
-    rows = []
-    for d in reply.devices:
-        holder = f"{d.holder.user} (pid {d.holder.pid})" if d.lease_id else ""
-        state = d.state if d.healthy else f"{d.state}: {d.health_reason}"
-        if d.drain_reason:
-            state = f"{state} (drained: {d.drain_reason})" if d.state != "drained" else f"drained: {d.drain_reason}"
-        rows.append([f"gpu{d.index}", d.name, format_mib(d.memory_mib), d.arch, state, holder,
-                     _since(d.since) if d.lease_id else "", d.lease_id])
-    out.append(_table(rows, ["GPU", "NAME", "MEMORY", "ARCH", "STATE", "HOLDER", "SINCE", "LEASE"]))
-    if reply.queue:
-        out.append("")
-        out.append(f"queue ({len(reply.queue)} waiting):")
-        for q in reply.queue:
-            mem = f", >= {format_mib(q.min_memory_mib)} each" if q.min_memory_mib else ""
-            out.append(f"  {q.position}. {q.requester.user} (pid {q.requester.pid}) wants {q.gpus} "
-                       f"GPU{'s' if q.gpus > 1 else ''}{mem}, waiting {format_duration(time.time() - q.since)}"
-                       f"  {q.requester.command}")
-    else:
-        out.append("\nqueue: empty")
-    if reply.unleased_processes:
-        index = {d.uuid: d.index for d in reply.devices}
-        out.append("")
-        for p in reply.unleased_processes:
-            out.append(f"gpu{index.get(p.device_uuid, '?')}: IN USE WITHOUT LEASE by {p.user or p.uid}: "
-                       f"pid {p.pid} {p.command}, {format_mib(p.used_memory_mib)}")
-    return "\n".join(out)
+    """The DESIGN.md shape, built in vaccel_common so the dashboard's /api/status is the same."""
+    return status_shape.status_json(reply)  # "enforcement" too: it is part of the shared shape
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     reply = _rpc(_connection(args), "Status", pb.StatusRequest())
-    print(json.dumps(status_json(reply), indent=2) if args.json else _shown(render_status(reply)))
+    if args.json:
+        print(json.dumps(status_json(reply), indent=2))
+        return 0
+    from vaccel.status_text import render_status
+
+    print(_shown(render_status(reply)))
     return 0
 
 
@@ -191,9 +137,19 @@ def cmd_leases(args: argparse.Namespace) -> int:
 
 
 def cmd_release(args: argparse.Namespace) -> int:
-    reply = _rpc(_connection(args), "Release", pb.ReleaseRequest(lease_id=args.lease_id, reason=args.reason or ""))
+    grace = 0.0
+    if args.grace is not None:
+        try:
+            grace = parse_duration(args.grace)
+        except ValueError as exc:
+            raise CliError(f"--grace: {exc}", EXIT_USAGE) from None
+    reply = _rpc(_connection(args), "Release", pb.ReleaseRequest(lease_id=args.lease_id, reason=args.reason or "",
+                                                                 grace_s=grace))
     if args.json:
         print(json.dumps(lease_json(reply), indent=2))
+    elif reply.state == "active":
+        print(f"{reply.id}: ends at {time.strftime('%H:%M:%S', time.localtime(reply.expires_at))}; "
+              f"its holder has been told: {_shown(reply.notice)}")
     else:
         print(f"{reply.id}: {reply.state} ({reply.end_reason}); "
               f"{len(reply.devices)} device(s) back in the pool")
@@ -260,8 +216,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliError("nothing to run: vaccel run [options] -- COMMAND [ARGS...]", EXIT_USAGE)
     if args.no_wait and args.wait is not None:
         raise CliError("--wait and --no-wait contradict each other", EXIT_USAGE)
-    if args.gpus < 1:
-        raise CliError(f"--gpus must be at least 1, got {args.gpus}", EXIT_USAGE)
+    devices = tuple(args.device or ())
+    gpus = args.gpus if args.gpus is not None else max(1, len(devices))
+    if gpus < 1:
+        raise CliError(f"--gpus must be at least 1, got {gpus}", EXIT_USAGE)
+    if devices and gpus > len(devices):
+        raise CliError(f"--gpus {gpus} but only {len(devices)} --device named: name at least as many", EXIT_USAGE)
+    if args.lease and (devices or args.time or args.gpus is not None):
+        raise CliError("--lease runs inside an existing lease: --gpus, --device and --time belong to "
+                       "the lease (vaccel reserve), not to the run", EXIT_USAGE)
+    warn_signal = _signal_number(args.signal)
     wait: bool | float = not args.no_wait
     if args.wait is not None:
         try:
@@ -272,9 +236,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     try:
         return run_under_lease(
-            command, gpus=args.gpus, min_memory_mib=_size(args.min_memory), contract=args.contract,
-            config=args.config, wait=wait, socket=args.socket, quiet=args.quiet,
+            command, gpus=gpus, min_memory_mib=_size(args.min_memory), contract=args.contract,
+            config=args.config, wait=wait, socket=args.socket, quiet=args.quiet, time_limit=args.time,
+            devices=devices, lease_id=args.lease or "", warn_signal=warn_signal,
         )
+    except ValueError as exc:  # a bad --time
+        raise CliError(str(exc), EXIT_USAGE) from None
     except Interrupted as exc:
         raise CliError(str(exc), exc.exit_code) from None
     except ContractFileError as exc:
@@ -283,6 +250,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         code = {"resource_exhausted": EXIT_TEMPFAIL, "deadline_exceeded": EXIT_TEMPFAIL,
                 "unavailable": EXIT_UNAVAILABLE, "invalid_argument": EXIT_USAGE}.get(exc.code, EXIT_REFUSED)
         raise CliError(str(exc), code) from None
+
+
+def _signal_number(name: str) -> int | None:
+    """--signal USR1 / SIGUSR1 / 10 / none."""
+    import signal
+
+    if name.lower() == "none":
+        return None
+    try:
+        return int(signal.Signals(int(name)) if name.isdigit() else signal.Signals[
+            name.upper() if name.upper().startswith("SIG") else f"SIG{name.upper()}"])
+    except (KeyError, ValueError):
+        raise CliError(f"--signal {name!r} is not a signal name (USR1, SIGUSR2, TERM, none)", EXIT_USAGE) from None
 
 
 # -- parser ----------------------------------------------------------------------------
@@ -311,8 +291,18 @@ def build_parser() -> argparse.ArgumentParser:
                                    "is COMMAND's; signals are forwarded; if vaccel run dies, COMMAND dies.",
                        epilog="example: vaccel run --gpus 2 --min-memory 20GiB -- torchrun "
                               "--nproc_per_node 2 train.py")
-    p.add_argument("--gpus", type=int, default=1, help="how many devices, all at once (default 1)")
+    p.add_argument("--gpus", type=int, default=None,
+                   help="how many devices, all at once (default 1, or as many as --device names)")
     p.add_argument("--min-memory", metavar="SIZE", help="memory each device must have, with a unit: 20GiB, 512MiB")
+    p.add_argument("--time", metavar="DURATION",
+                   help="the lease's time limit, e.g. 2h (default: the broker's policy). A short limit can "
+                        "start sooner: it may use devices kept for a bigger job that starts after it ends")
+    p.add_argument("--device", action="append", metavar="DEV",
+                   help="only this device: gpu1 (as `vaccel status` shows) or its uuid; repeat for more")
+    p.add_argument("--lease", metavar="LEASE_ID", help="run inside your existing lease (vaccel reserve)")
+    p.add_argument("--signal", default="USR1", metavar="SIG",
+                   help="sent to COMMAND before its lease ends (time limit, revoke with grace) so it can "
+                        "checkpoint; SIGTERM follows at the end, SIGKILL after a grace (default USR1; none)")
     p.add_argument("--contract", metavar="FILE", help="runtime-spec.yaml (default: ./runtime-spec.yaml if present)")
     p.add_argument("--config", metavar="FILE",
                    help="accelerator-config.yaml (default: ./accelerator-config.yaml if present)")
@@ -333,6 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="End a lease: your own, or anyone's if you are root or in the admin group.")
     p.add_argument("lease_id", metavar="LEASE_ID")
     p.add_argument("--reason", help="recorded and shown to the holder")
+    p.add_argument("--grace", metavar="DURATION",
+                   help="tell the holder now and end the lease after this long (e.g. 10m), so the job "
+                        "can checkpoint")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_release)
 

@@ -7,11 +7,13 @@ without the machinery that keeps it alive.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
 
 from vaccel_common.backends import lease_env, memory_settings
+from vaccel_common.units import format_duration
 from vaccel_common.v1 import broker_pb2 as pb
 
 
@@ -46,8 +48,24 @@ class DeviceInfo:
                    d.visible_id or d.uuid)
 
 
+@dataclass(frozen=True)
+class LeaseEnding:
+    """A lease will end soon: its time limit is near, or an admin revoked it with a grace.
+    Passed to `on_ending` callbacks (and shown on stderr) so a job can checkpoint."""
+
+    lease_id: str
+    ends_at: float  # unix time
+    seconds_left: float
+    reason: str  # "time limit of 2h00m" or the admin's notice
+
+    def __str__(self) -> str:
+        left = math.ceil(max(0.0, self.seconds_left))  # "1s" when a little under a second is left
+        return f"lease {self.lease_id} ends in {format_duration(left)}: {self.reason}"
+
+
 class Lease:
-    """A granted (or joined) lease. Attributes: id, backend, devices, env, accelerator."""
+    """A granted (or joined) lease. Attributes: id, backend, devices, env, accelerator,
+    expires_at (0 = no limit), time_limit_s, reservation, notice."""
 
     def __init__(self, msg: pb.Lease, *, joined: bool) -> None:
         self.id: str = msg.id
@@ -58,6 +76,10 @@ class Lease:
         self.joined = joined
         self.warnings = [f"{w.name}: {w.message}" for w in msg.warnings]
         self.heartbeat_interval_s: float = msg.heartbeat_interval_s or 5.0
+        self.expires_at: float = msg.expires_at
+        self.time_limit_s: float = msg.time_limit_s
+        self.reservation: bool = msg.reservation
+        self.notice: str = msg.notice
         pool_mib, unified_memory = memory_settings(msg.accelerator_config_yaml, msg.backend)
         self.env: dict[str, str] = lease_env(
             lease_id=msg.id,

@@ -25,12 +25,12 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
-from vaccel.lease_types import DeviceInfo, Lease, LeaseError, LeaseLost
+from vaccel.lease_types import DeviceInfo, Lease, LeaseEnding, LeaseError, LeaseLost
 from vaccel.session import LeaseRequest, LeaseSession
 from vaccel_common.backends import DEVICE_ENV_VARS
 from vaccel_common.units import parse_size_mib
@@ -50,6 +50,10 @@ def _print_queue(message: str) -> None:
     print(f"vaccel: {message}", file=sys.stderr, flush=True)
 
 
+def _print_ending(ending: LeaseEnding) -> None:
+    print(f"vaccel: {ending}; save your work (lease(on_ending=...) is called here)", file=sys.stderr, flush=True)
+
+
 class lease:
     """Hold `gpus` devices exclusively for the duration of a `with` block or a call.
 
@@ -63,6 +67,13 @@ class lease:
         on_lost: called (lease, reason) from the heartbeat thread when the lease ends behind
             our back; when None, LeaseLost is raised in the thread that entered the lease.
         on_queue: called with the queue message while waiting (default: print to stderr).
+        time: the lease's time limit, e.g. "2h" (default: the broker's policy). A short
+            limit can start sooner (backfill: docs/policy.md).
+        devices: only these devices, e.g. ["gpu1"] or uuids (gpus defaults to their number).
+        on_ending: called with a LeaseEnding (lease_id, ends_at, seconds_left, reason) from
+            the heartbeat thread when the lease will end soon (its time limit is near, an
+            admin revoked it with a grace, idle reclaim): checkpoint there. Default: a line
+            on stderr.
     """
 
     def __init__(
@@ -77,14 +88,21 @@ class lease:
         on_lost: Callable[[Lease, str], None] | None = None,
         on_queue: Callable[[str], None] | None = _print_queue,
         command: str = "",
+        time: float | str | None = None,
+        devices: Sequence[str] | None = None,
+        on_ending: Callable[[LeaseEnding], None] | None = None,
     ) -> None:
         # Built (and checked) here so a bad argument fails at decoration time, not at the call.
+        named = tuple(devices or ())
+        if named and gpus == 1:
+            gpus = len(named)
         self.request = LeaseRequest(
             gpus=gpus,
             min_memory_mib=parse_size_mib(min_memory) if min_memory is not None else 0,
             wait=wait, contract=contract, config=config,
-            command=command or " ".join(sys.argv), in_process=True,
+            command=command or " ".join(sys.argv), in_process=True, time=time, devices=named,
         )
+        self.on_ending = on_ending or _print_ending
         self.socket = socket
         self.on_lost = on_lost
         self.on_queue = on_queue
@@ -132,7 +150,7 @@ class lease:
             self._lease = parent[1].forked_view()
             return self._lease
         self._owner_thread = threading.get_ident()
-        session = LeaseSession(self.socket, on_queue=self.on_queue, on_lost=self._lost)
+        session = LeaseSession(self.socket, on_queue=self.on_queue, on_lost=self._lost, on_ending=self.on_ending)
         try:
             held = session.join(inherited, self.request.gpus) if inherited else session.acquire(self.request)
         except BaseException:

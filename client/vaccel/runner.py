@@ -12,6 +12,11 @@
   without a lease and keeps their device out of the pool until they are gone.
 - If the lease ends behind our back (revoked, expired), the command gets SIGTERM, then
   SIGKILL after a grace period: it must not keep computing on someone else's device.
+- Before a time limit (or an admin's revoke with grace) ends the lease, the processes of
+  the command that handle the warning signal (SIGUSR1 unless --signal says otherwise) get
+  it, so they can checkpoint; at the end itself SIGTERM, then SIGKILL after the grace.
+- `--lease ID` runs the command inside an existing lease of the caller (a reservation):
+  it joins it instead of asking for devices, and leaves it held afterwards.
 
 The main thread never polls. It sleeps in `sigwaitinfo` on the signals it handles, all
 blocked in every thread, and whatever it must react to arrives as one of them: a signal
@@ -36,7 +41,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from vaccel.lease_types import Lease
+from vaccel.lease_types import Lease, LeaseEnding
 from vaccel.session import LeaseRequest, LeaseSession
 from vaccel_common.backends import DEVICE_ENV_VARS
 
@@ -126,25 +131,35 @@ def run_under_lease(
     wait: bool | float,
     socket: str | None,
     quiet: bool = False,
+    time_limit: str | None = None,
+    devices: tuple[str, ...] = (),
+    lease_id: str = "",
+    warn_signal: int | None = signal.SIGUSR1,
 ) -> int:
-    """Lease, run `command` on the lease, release; return the command's exit status.
-    Raises LeaseError, ContractFileError, or Interrupted (a signal while queued)."""
+    """Lease (or join `lease_id`), run `command` on the lease, release; return the
+    command's exit status. Raises LeaseError, ContractFileError, or Interrupted (a signal
+    while queued)."""
     # Block the signals we handle before any thread exists (gRPC starts some), so every
     # thread inherits the mask and only this thread's sigwaitinfo ever takes them.
     signal.pthread_sigmask(signal.SIG_BLOCK, _WAITED)
     wake = _Waker()
     try:
         request = LeaseRequest(gpus=gpus, min_memory_mib=min_memory_mib, wait=wait, contract=contract,
-                               config=config, command=" ".join(command))
+                               config=config, command=" ".join(command), time=time_limit, devices=devices)
+        ending = _Ending(wake, warn_signal)
         with LeaseSession(socket, on_queue=_queue_printer(quiet), on_lost=wake,
-                          say=lambda m: _say(False, m)) as session:
-            lease_obj = _acquire_interruptibly(session, request, wake)
+                          say=lambda m: _say(False, m), on_ending=ending) as session:
+            if lease_id:
+                lease_obj = session.join(lease_id, gpus=1)
+            else:
+                lease_obj = _acquire_interruptibly(session, request, wake)
             names = ", ".join(f"gpu{d.index} {d.name}" for d in lease_obj.devices)
             _say(quiet, f"lease {lease_obj.id}: {names}" + (" (simulated)" if lease_obj.simulated else ""))
             for warning in lease_obj.warnings:
                 _say(quiet, f"warning: {warning}")
             try:
-                return _supervise(command, session, lease_obj, child_env(lease_obj, session.config_path), wake)
+                return _supervise(command, session, lease_obj, child_env(lease_obj, session.config_path), wake,
+                                  ending)
             finally:
                 if session.release():
                     _say(quiet, f"lease {lease_obj.id} released")
@@ -164,6 +179,32 @@ def _queue_printer(quiet: bool) -> Callable[[str], None]:
             _say(quiet, message)
 
     return on_queue
+
+
+class _Ending:
+    """The lease's coming end as the heartbeat thread heard of it (session.py calls this
+    with a LeaseEnding); the main thread acts on it when woken."""
+
+    def __init__(self, wake: _Waker, warn_signal: int | None) -> None:
+        self.wake = wake
+        self.warn_signal = warn_signal
+        self.heard: LeaseEnding | None = None
+        self.acted_on: LeaseEnding | None = None
+        self._timer: threading.Timer | None = None
+
+    def __call__(self, notice: LeaseEnding) -> None:
+        self.heard = notice
+        self.wake()
+        if self._timer is not None:
+            self._timer.cancel()
+        # Wake again at the end itself, to stop the command on time.
+        self._timer = threading.Timer(max(0.0, notice.ends_at - time.time()), self.wake)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
 
 
 class Interrupted(Exception):
@@ -204,7 +245,7 @@ def _is_stopped(pid: int) -> bool:
 
 
 def _supervise(command: list[str], session: LeaseSession, lease_obj: Lease, env: dict[str, str],
-               wake: _Waker) -> int:
+               wake: _Waker, ending: _Ending | None = None) -> int:
     """Run the command, forward signals, stop it if the lease ends; return its status."""
     parent = os.getpid()
     try:
@@ -217,8 +258,17 @@ def _supervise(command: list[str], session: LeaseSession, lease_obj: Lease, env:
     grace: threading.Timer | None = None
     try:
         while child.poll() is None:
-            if lease_obj.lost_reason and not stopped_at:
-                _say(False, f"lease {lease_obj.id} ended: {lease_obj.lost_reason}; stopping the command")
+            heard = ending.heard if ending is not None else None
+            if heard is not None and heard is not ending.acted_on and not stopped_at:
+                ending.acted_on = heard
+                _say(False, f"{heard}{_warn(child.pid, ending.warn_signal)}")
+            over = heard is not None and time.time() >= heard.ends_at
+            if over and not lease_obj.lost_reason:
+                # Its end is the broker's to record (time_limit, revoked): no release.
+                lease_obj.mark_lost(heard.reason)
+            if (lease_obj.lost_reason or over) and not stopped_at:
+                why = lease_obj.lost_reason or heard.reason if heard else lease_obj.lost_reason
+                _say(False, f"lease {lease_obj.id} ended: {why}; stopping the command")
                 _signal_tree(child.pid, signal.SIGTERM)
                 stopped_at = time.monotonic()
                 grace = threading.Timer(LOST_GRACE_S, wake)
@@ -243,8 +293,38 @@ def _supervise(command: list[str], session: LeaseSession, lease_obj: Lease, env:
     finally:
         if grace is not None:
             grace.cancel()
+        if ending is not None:
+            ending.close()
     code = child.returncode
     return 128 - code if code < 0 else code
+
+
+def _catches(pid: int, sig: int) -> bool:
+    """Whether the process has a handler for `sig` (SigCgt in /proc/PID/status)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            caught = next((line.split()[1] for line in f if line.startswith("SigCgt:")), "0")
+    except OSError:
+        return False
+    return bool(int(caught, 16) >> (sig - 1) & 1)
+
+
+def _warn(pid: int, sig: int | None) -> str:
+    """Send the warning signal to the processes of the command that handle it, and say so.
+    Only to those: SIGUSR1's default action ends a process, and a job that never asked
+    for a warning must not die of one minutes before its time is up."""
+    if sig is None:
+        return ""
+    name = signal.Signals(sig).name
+    targets = [p for p in [pid, *_descendants(pid)] if _catches(p, sig)]
+    for target in targets:
+        try:
+            os.kill(target, sig)
+        except ProcessLookupError:
+            pass
+    if not targets:
+        return f"; the command does not handle {name}, so it was not sent"
+    return f"; sent {name} to the command" + (f" ({len(targets)} processes)" if len(targets) > 1 else "")
 
 
 def _descendants(pid: int) -> list[int]:

@@ -23,6 +23,7 @@ import os
 import random
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,8 +34,8 @@ import grpc
 from vaccel.acquisition import Acquisition
 from vaccel.connection import BrokerConnection, BrokerUnavailable
 from vaccel.contract_files import ContractFiles, load_contract_files
-from vaccel.lease_types import Lease, LeaseError
-from vaccel_common.units import parse_duration
+from vaccel.lease_types import Lease, LeaseEnding, LeaseError
+from vaccel_common.units import format_duration, parse_duration
 from vaccel_common.v1 import broker_pb2 as pb
 
 # Heartbeat replies meaning the lease is over for good (ended, someone else's, forgotten):
@@ -55,6 +56,32 @@ def wait_fields(wait: bool | float | str | None) -> tuple[bool, float]:
     return False, parse_duration(wait)
 
 
+# Past this a time limit is a typo (the broker's policy refuses far less, with its ceiling).
+_LONGEST_S = 366 * 86400.0
+
+
+def time_limit_s(value: float | str | None) -> float:
+    """Seconds of a time limit ("2h", "90m", 3600); None = 0, the broker's default."""
+    if value is None:
+        return 0.0
+    try:
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        raise ValueError(f"time limit: {exc}") from None
+    if not seconds > 0:
+        raise ValueError(f"a time limit must be longer than 0, got {value!r}")
+    if seconds > _LONGEST_S:
+        raise ValueError(f"a time limit of {value!r} is absurd: at most 366 days (the broker's policy "
+                         "may allow far less; `vaccel status` shows it)")
+    return seconds
+
+
+def warning_lead_s(time_limit: float) -> float:
+    """How long before a time limit the holder is warned: a tenth of the limit, between
+    1 second and 5 minutes (a 2 h job hears at 1 h 55 m, a 30 s test at 27 s)."""
+    return min(300.0, max(1.0, time_limit / 10)) if time_limit else 300.0
+
+
 @dataclass(frozen=True)
 class LeaseRequest:
     """What to ask the broker for; `build` turns it into the wire request.
@@ -70,11 +97,15 @@ class LeaseRequest:
     config: str | os.PathLike[str] | None = None
     command: str = ""
     in_process: bool = False
+    time: float | str | None = None  # the lease's time limit ("2h"); None = the broker's default
+    devices: tuple[str, ...] = ()  # only these devices ("gpu1", an index or a uuid)
+    reservation: bool = False  # held by the user, not this process (`vaccel reserve`)
 
     def __post_init__(self) -> None:
         if not isinstance(self.gpus, int) or isinstance(self.gpus, bool) or self.gpus < 1:
             raise ValueError(f"gpus must be a positive integer, got {self.gpus!r}")
         wait_fields(self.wait)  # a bad duration is the caller's mistake: say so now, not when queueing
+        time_limit_s(self.time)
 
     def build(self, cwd: Path) -> tuple[pb.AcquireRequest, ContractFiles]:
         """The Acquire request and the contract files it carries (ContractFileError when a
@@ -86,7 +117,8 @@ class LeaseRequest:
             wait_forever=wait_forever, max_wait_seconds=max_wait_s,
             runtime_spec_yaml=files.spec_text, runtime_spec_name=files.spec_name,
             accelerator_config_yaml=files.config_text, accelerator_config_name=files.config_name,
-            command=self.command[:200],
+            command=self.command[:200], time_limit_s=time_limit_s(self.time),
+            devices=list(self.devices), reservation=self.reservation,
         )
         if self.sends_facts(files):
             from vaccel.facts import gather_facts  # imports torch: only when the facts are sent
@@ -156,6 +188,9 @@ class LeaseSession:
         on_queue: called with each queue message while waiting (None: stay silent).
         on_lost: called (lease, reason) from the heartbeat thread after the lease has been
             marked lost, when the broker says it ended behind our back.
+        on_ending: called with a LeaseEnding from the heartbeat thread when the lease will
+            end soon (its time limit is near, or an admin revoked it with a grace), once for
+            each new end.
         say: where problems the caller cannot act on are reported (a release that failed).
     """
 
@@ -166,10 +201,12 @@ class LeaseSession:
         on_queue: Callable[[str], None] | None = None,
         on_lost: Callable[[Lease, str], None] | None = None,
         say: Callable[[str], None] | None = None,
+        on_ending: Callable[[LeaseEnding], None] | None = None,
     ) -> None:
         self.connection = BrokerConnection(socket)
         self.on_queue = on_queue
         self.on_lost = on_lost
+        self.on_ending = on_ending
         self._say = say or _stderr
         self.lease: Lease | None = None
         self.files = ContractFiles()
@@ -221,7 +258,7 @@ class LeaseSession:
     def start_heartbeat(self) -> None:
         """Keep the lease alive from a daemon thread until release() or close()."""
         assert self.lease is not None, "start_heartbeat() before a lease"
-        self._heartbeat = _Heartbeat(self.lease, self.connection, self._lost)
+        self._heartbeat = _Heartbeat(self.lease, self.connection, self._lost, self.on_ending)
         self._heartbeat.start()
 
     def _lost(self, lost: Lease, reason: str) -> None:
@@ -277,24 +314,50 @@ class LeaseSession:
 
 
 class _Heartbeat(threading.Thread):
-    """Keeps one lease alive; calls `on_lost` once when the broker says it is over."""
+    """Keeps one lease alive; calls `on_lost` once when the broker says it is over, and
+    `on_ending` when its end comes near (the reply of each beat says when it ends)."""
 
     def __init__(self, held: Lease, connection: BrokerConnection,
-                 on_lost: Callable[[Lease, str], None]) -> None:
+                 on_lost: Callable[[Lease, str], None],
+                 on_ending: Callable[[LeaseEnding], None] | None = None) -> None:
         super().__init__(name=f"vaccel-heartbeat-{held.id}", daemon=True)
         self.lease = held
         self.connection = connection
         self.on_lost = on_lost
+        self.on_ending = on_ending
         self.stop_event = threading.Event()
+        self._told: tuple[float, str] | None = None  # the end last announced
+
+    def _next_wait(self, interval: float) -> float:
+        # Jitter keeps many clients started together from beating in lockstep; the wait
+        # is cut short to wake at the moment the holder must be warned.
+        wait = interval * random.uniform(0.8, 1.0)
+        held = self.lease
+        if held.expires_at and self._told != (held.expires_at, held.notice):
+            warn_at = held.expires_at - (0 if held.notice else warning_lead_s(held.time_limit_s))
+            wait = max(0.0, min(wait, warn_at - time.time()))
+        return wait
+
+    def _maybe_warn(self) -> None:
+        held = self.lease
+        if self.on_ending is None or not held.expires_at or self._told == (held.expires_at, held.notice):
+            return
+        left = held.expires_at - time.time()
+        if held.notice or left <= warning_lead_s(held.time_limit_s):
+            self._told = (held.expires_at, held.notice)
+            reason = held.notice or f"time limit of {format_duration(held.time_limit_s or left)}"
+            self.on_ending(LeaseEnding(held.id, held.expires_at, left, reason))
 
     def run(self) -> None:
         interval = self.lease.heartbeat_interval_s
         request = pb.LeaseRef(lease_id=self.lease.id)
-        # Jitter keeps many clients started together from beating in lockstep.
-        while not self.stop_event.wait(interval * random.uniform(0.8, 1.0)):
+        self._maybe_warn()
+        while not self.stop_event.wait(self._next_wait(interval)):
             try:
                 # A broker restart shows up as UNAVAILABLE for a moment: retry, don't panic.
-                self.connection.call("Heartbeat", request, timeout=10, retry_unavailable_s=interval)
+                reply = self.connection.call("Heartbeat", request, timeout=10, retry_unavailable_s=interval)
+                self.lease.expires_at, self.lease.notice = reply.expires_at, reply.notice
+                self._maybe_warn()
             except BrokerUnavailable:
                 continue
             except grpc.RpcError as exc:

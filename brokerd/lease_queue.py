@@ -1,0 +1,107 @@
+"""The waiting side of the lease manager (a mixin of LeaseManager, like the service's
+brokerd/queueing.py): the queue in its fair order, what each waiter keeps back
+(brokerd/reservations.py), the limits that hold a request back, and the pump that grants
+what can start. Plain Python, no I/O, the manager's clock."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from brokerd.contract import Evaluation
+from brokerd.errors import Unsatisfiable
+from brokerd.lease_model import Grant, Request
+from brokerd.queue_rules import fair_order, limit_reason, wait_reason
+from brokerd.reservations import NEVER, Reservations
+
+if TYPE_CHECKING:
+    from brokerd.leases import LeaseManager
+
+
+class QueueSide:
+    def _only(self: LeaseManager, evaluation: Evaluation, only: tuple[str, ...], gpus: int) -> Evaluation:
+        """The evaluation narrowed to the devices the request named."""
+        eligible = tuple(u for u in evaluation.eligible if u in only)
+        if len(eligible) < gpus:
+            unfit = [u for u in only if u not in eligible]
+            why = "; ".join(
+                f"gpu{self.devices[u].index}: " + "; ".join(
+                    f"{ln.name}: {ln.message}" for ln in evaluation.per_device.get(u, ()) if ln.level == "ERROR")
+                for u in unfit if u in self.devices)
+            named = len(only)
+            raise Unsatisfiable(f"the {named} device{'s' if named > 1 else ''} named cannot satisfy a request "
+                                f"for {gpus}" + (f" ({why})" if why else ""), evaluation)
+        return replace(evaluation, eligible=eligible)
+
+    def ordered(self: LeaseManager, queue: list[Request] | None = None) -> list[Request]:
+        """The queue in the order it is served (brokerd/queue_rules.py: fair, with aging)."""
+        now = self._clock()
+        active = list(self.leases.values())
+        return fair_order(self.queue if queue is None else queue, now, self.aging_s,
+                          lambda uid: self.usage.recent(uid, now, active))
+
+    def _reservations(self: LeaseManager) -> Reservations:
+        now = self._clock()
+        available_at = {}
+        for uuid in self.devices:
+            state = self.device_state(uuid)
+            if state == "free":
+                available_at[uuid] = now
+            elif state == "leased":
+                available_at[uuid] = self.leases[self.owner[uuid]].expires_at or NEVER
+        return Reservations(self.leases.values(), now=now, available_at=available_at)
+
+    def _held_back(self: LeaseManager, request: Request, reserved: Reservations) -> bool:
+        """Whether a policy limit holds the request back now (it keeps nothing then); the
+        reason is left on the request for its queue line."""
+        now = self._clock()
+        active = list(self.leases.values())
+        request.reason = limit_reason(request, reserved, self.devices,
+                                      lambda uid, window: self.usage.in_window(uid, now, window, active))
+        return bool(request.reason)
+
+    def cancel(self: LeaseManager, request_id: str) -> bool:
+        for i, request in enumerate(self.queue):
+            if request.id == request_id:
+                del self.queue[i]
+                return True
+        return False
+
+    def pump(self: LeaseManager) -> list[Grant]:
+        """Grant queued requests that can now be satisfied, in the queue's order, and
+        leave on each one left waiting the reason it waits."""
+        grants: list[Grant] = []
+        waiting: list[Request] = []
+        # Built once and kept up to date as the pass goes: rebuilding it for every request
+        # made a pump quadratic in the queue's length.
+        reserved = self._reservations()
+        free = self._free()
+        users_ahead: set[int] = set()
+        for request in self.ordered():
+            if self._held_back(request, reserved):
+                waiting.append(request)
+                continue
+            lease = self._try_grant(request, reserved)
+            if lease is None:
+                waiting.append(request)
+                others = len(users_ahead - {request.holder.uid})
+                request.reason = wait_reason(request, reserved, free, others)
+                reserved.add(request)
+                users_ahead.add(request.holder.uid)
+            else:
+                grants.append(Grant(request, lease))
+                reserved.granted(lease)
+                free = [d for d in free if d.uuid not in lease.devices]
+        self.queue = waiting
+        return grants
+
+    def queue_position(self: LeaseManager, request_id: str) -> tuple[int, int]:
+        for i, request in enumerate(self.queue):
+            if request.id == request_id:
+                return i + 1, len(self.queue)
+        return 0, len(self.queue)
+
+    def blocked_by_own_leases(self: LeaseManager, request: Request) -> bool:
+        """Whether the request's user holds so many of its eligible devices that the rest
+        cannot satisfy it."""
+        return Reservations(self.leases.values()).blocked(request)

@@ -1,0 +1,61 @@
+"""The timers and the inventory of BrokerService (a mixin, like brokerd/queueing.py):
+the loop that ends leases at their deadlines and looks at the queue again, and the
+adoption of each fresh probe (devices held back, leases on lost devices ended, idle
+reclaim)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import TYPE_CHECKING
+
+from brokerd.devices import Snapshot
+from brokerd.inventory_watch import occupancy_of
+from brokerd.journal import log_event
+
+if TYPE_CHECKING:
+    from brokerd.service import BrokerService
+
+# How often the queue is looked at again with nothing else happening (a user's use slides
+# out of the max_device_hours window with time alone).
+_LOOK_AGAIN_S = 30.0
+
+
+class Timers:
+    async def _expiry_loop(self: BrokerService) -> None:
+        while True:
+            saving = [self._record_end(lease) for lease in self.manager.expire()]
+            for saved in saving:
+                await self._logged(saved)
+            deadline = self.manager.next_deadline()
+            delay = 60.0 if deadline is None else max(0.05, deadline - time.time() + 0.01)
+            if self.manager.queue:
+                # Use slides out of the limits' window with time alone: look again.
+                delay = min(delay, _LOOK_AGAIN_S)
+                if time.time() - self._looked_at >= _LOOK_AGAIN_S:
+                    self._looked_at = time.time()
+                    self._spawn(self._pump())
+            self._expiry_wakeup.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._expiry_wakeup.wait(), delay)
+
+    def apply_snapshot(self: BrokerService, snapshot: Snapshot) -> None:
+        """Adopt a fresh probe: grant what it freed, tell the systemd status line."""
+        before = (self.manager.devices.keys(), dict(self.manager.unavailable))
+        self._set_inventory(snapshot)
+        if before != (self.manager.devices.keys(), self.manager.unavailable):
+            log_event("inventory", f"devices now: {self.summary()}")
+            self._spawn(self._pump())
+            self.on_change()
+        if self.config.unleased_processes == "signal":
+            self._unleased.signal(self.occupancy, self.config.unleased_grace_s)
+        self.reclaim_idle()
+
+    def _set_inventory(self: BrokerService, snapshot: Snapshot) -> None:
+        """Adopt a snapshot: hold back unhealthy devices and devices used without a lease
+        (allocation fails closed), end leases on lost devices."""
+        self.snapshot = snapshot
+        self.occupancy, unavailable = occupancy_of(snapshot, self.manager.leases.values(), self.config.enforce_mode)
+        for lost in self.manager.set_inventory(snapshot.devices, unavailable):
+            self._spawn(self._logged(self._record_end(lost)))

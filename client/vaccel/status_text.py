@@ -1,0 +1,66 @@
+"""`vaccel status` as text: the devices table, the queue with each waiter's reason, the
+users held back by a limit, and GPU processes without a lease. (`--json` is the shared
+shape in vaccel_common/status_json.py.)"""
+
+from __future__ import annotations
+
+import time
+
+from vaccel.cli import _since, _table
+from vaccel_common.units import format_duration, format_mib
+from vaccel_common.v1 import broker_pb2 as pb
+
+
+def render_status(reply: pb.StatusReply) -> str:
+    out = [f"host {reply.hostname}{' (simulated devices)' if reply.simulated else ''}"]
+    if reply.enforcement == "acl":
+        gated = sum(d.gated for d in reply.devices)
+        out.append(f"enforcement: acl, {gated} of {len(reply.devices)} devices gated "
+                   "(their nodes open only for the lease holder)")
+    rows = []
+    for d in reply.devices:
+        holder = ""
+        if d.lease_id:
+            holder = f"{d.holder.user} ({f'pid {d.holder.pid}' if d.holder.pid else 'reserved'})"
+            if d.time_left_s:
+                holder += f", {format_duration(d.time_left_s)} left"
+        state = d.state if d.healthy else f"{d.state}: {d.health_reason}"
+        if d.drain_reason:
+            state = f"{state} (drained: {d.drain_reason})" if d.state != "drained" else f"drained: {d.drain_reason}"
+        if reply.enforcement == "acl" and not d.gated:
+            state = f"{state} (NOT GATED: {d.gate_reason})"
+        rows.append([f"gpu{d.index}", d.name, format_mib(d.memory_mib), d.arch, state, holder,
+                     _since(d.since) if d.lease_id else "", d.lease_id])
+    out.append(_table(rows, ["GPU", "NAME", "MEMORY", "ARCH", "STATE", "HOLDER", "SINCE", "LEASE"]))
+    if reply.queue:
+        out.append("")
+        out.append(f"queue ({len(reply.queue)} waiting):")
+        for q in reply.queue:
+            mem = f", >= {format_mib(q.min_memory_mib)} each" if q.min_memory_mib else ""
+            named = f" ({', '.join(q.devices)})" if q.devices else ""
+            out.append(f"  {q.position}. {q.requester.user} (pid {q.requester.pid}) wants {q.gpus} "
+                       f"GPU{'s' if q.gpus > 1 else ''}{named}{mem}, waiting {format_duration(time.time() - q.since)}"
+                       f"  {q.requester.command}")
+            if q.reason:
+                out.append(f"     waiting: {q.reason}")
+    else:
+        out.append("\nqueue: empty")
+    limited = [u for u in reply.usage if u.max_devices or u.max_device_hours]
+    if limited:
+        out.append("")
+        out.append("limits:")
+        for u in limited:
+            parts = []
+            if u.max_devices:
+                parts.append(f"{u.devices_held}/{u.max_devices} devices")
+            if u.max_device_hours:
+                parts.append(f"{u.device_hours:.1f}/{u.max_device_hours:g} device-hours in "
+                             f"{format_duration(u.window_s)}")
+            out.append(f"  {u.user} ({u.policy}): {', '.join(parts)}")
+    if reply.unleased_processes:
+        index = {d.uuid: d.index for d in reply.devices}
+        out.append("")
+        for p in reply.unleased_processes:
+            out.append(f"gpu{index.get(p.device_uuid, '?')}: IN USE WITHOUT LEASE by {p.user or p.uid}: "
+                       f"pid {p.pid} {p.command}, {format_mib(p.used_memory_mib)}")
+    return "\n".join(out)

@@ -1,0 +1,210 @@
+"""The governed queue, on the lease manager alone (no daemon, an injected clock): the fair
+order, the aging bound that stops starvation, EASY backfill, per-user limits, named
+devices, time limits and early ends, reservations."""
+
+from __future__ import annotations
+
+import pytest
+
+from brokerd.contract import Requirement
+from brokerd.errors import Unsatisfiable
+from brokerd.lease_model import HOLDER_EXITED, IDLE, REVOKED, TIME_LIMIT, Ask, Lease, Request, UserLimits
+from brokerd.leases import LeaseManager
+from brokerd.process import Holder, ProcessId
+from tests.test_leases import ALICE, BOB, CAROL, gpu, manager
+
+HOUR = 3600.0
+
+
+def granted(outcome: Lease | Request) -> Lease:
+    assert isinstance(outcome, Lease), f"expected a grant, got a waiting request ({outcome.reason})"
+    return outcome
+
+
+def queued(outcome: Lease | Request) -> Request:
+    assert isinstance(outcome, Request), f"expected to wait, got lease {outcome}"
+    return outcome
+
+
+def test_the_user_who_held_nothing_is_served_before_the_one_who_held_much():
+    m, clock = manager(1)
+    # Alice used the device for 10 hours; then Carol holds it for a minute.
+    heavy = granted(m.submit(ALICE, Requirement(1), wait=False))
+    clock.now += 10 * HOUR
+    m.release(heavy.id, ALICE.uid)
+    current = granted(m.submit(CAROL, Requirement(1), wait=False))
+    clock.now += 60
+    alice = queued(m.submit(ALICE, Requirement(1), wait=True))  # first in line by arrival
+    clock.now += 1
+    bob = queued(m.submit(BOB, Requirement(1), wait=True))
+    assert [r.id for r in m.queue] == [bob.id, alice.id], "bob has no recent use: he is served first"
+    m.release(current.id, CAROL.uid)
+    grants = m.pump()
+    assert [g.request.id for g in grants] == [bob.id]
+    assert m.queue[0].id == alice.id and m.queue[0].reason == "waiting for a device to come free"
+    m.check_invariants()
+
+
+def test_ties_in_use_go_by_arrival():
+    m, clock = manager(1)
+    holder = granted(m.submit(CAROL, Requirement(1), wait=False))
+    first = queued(m.submit(ALICE, Requirement(1), wait=True))
+    clock.now += 1
+    queued(m.submit(BOB, Requirement(1), wait=True))
+    m.release(holder.id, CAROL.uid)
+    assert [g.request.id for g in m.pump()] == [first.id]
+
+
+def test_aging_bounds_the_wait_of_a_heavy_user_behind_a_stream_of_newcomers():
+    """The bound: once a request has waited aging_s, only requests that arrived before it
+    are served ahead of it. Here newcomers from users with no use arrive every 10 minutes
+    and each would go ahead of the heavy user by the fair order; at the first release
+    after `aging_s` the heavy user's request is served all the same."""
+    m, clock = manager(1)
+    m.aging_s = 2 * HOUR
+    old = granted(m.submit(ALICE, Requirement(1), wait=False))
+    clock.now += 20 * HOUR
+    m.release(old.id, ALICE.uid)
+    current = granted(m.submit(CAROL, Requirement(1), wait=False))
+    heavy = queued(m.submit(ALICE, Requirement(1), wait=True))
+    served_at = None
+    for n in range(30):  # 5 hours of newcomers, one release every 10 minutes
+        clock.now += 600
+        newcomer = Holder(2000 + n, 2000 + n, 900 + n, 1, f"new{n}")
+        queued(m.submit(newcomer, Requirement(1), wait=True))
+        m.release(current.id, current.holder.uid)
+        grants = m.pump()
+        assert len(grants) == 1
+        current = grants[0].lease
+        if grants[0].request.id == heavy.id:
+            served_at = clock.now
+            break
+    assert served_at is not None, "starved"
+    waited = served_at - heavy.since
+    assert 2 * HOUR <= waited <= 2 * HOUR + 600, waited  # the first release after aging_s
+    m.check_invariants()
+
+
+def _two_gpus_one_busy_until(m, clock, until_s: float) -> Lease:
+    busy = granted(m.submit(CAROL, Requirement(1), wait=False, ask=Ask(time_limit_s=until_s)))
+    return busy
+
+
+def test_backfill_starts_a_short_job_and_never_delays_the_head_job():
+    m, clock = manager(2)
+    start = clock.now
+    busy = _two_gpus_one_busy_until(m, clock, 100)  # gpu0 comes free at start+100 at the latest
+    head = queued(m.submit(ALICE, Requirement(2), wait=True, ask=Ask(time_limit_s=HOUR)))
+    # A 1-device job of 200 s would still hold gpu1 when the head job could start: it
+    # waits, and is told why and what would let it start now.
+    long = queued(m.submit(BOB, Requirement(1), wait=True, ask=Ask(time_limit_s=200)))
+    assert long.reason.startswith("backfill window: free devices are kept for a request ahead"), long.reason
+    assert "with --time under 1m40s this would start now" in long.reason
+    # One of 50 s ends before the head job could start: it may use gpu1 now.
+    short = granted(m.submit(BOB, Requirement(1), wait=True, ask=Ask(time_limit_s=50)))
+    assert short.expires_at <= busy.expires_at
+    # No time limit at all never backfills.
+    unlimited = queued(m.submit(BOB, Requirement(1), wait=True))
+    assert unlimited.id in {r.id for r in m.queue}
+    # The head job starts when its shadow time comes: the short job has gone by then.
+    clock.now = start + 100
+    ended = m.expire()
+    assert {lease.id for lease in ended} == {busy.id, short.id}
+    assert {lease.state for lease in ended} == {TIME_LIMIT}
+    grants = m.pump()
+    assert grants[0].request.id == head.id and len(grants[0].lease.devices) == 2
+    m.check_invariants()
+
+
+def test_a_limit_that_can_never_fit_is_refused_at_once_with_its_name_and_value():
+    m, _ = manager(4)
+    students = UserLimits(policy="group students", max_devices=2)
+    with pytest.raises(Unsatisfiable, match=r"limit max_devices=2 for group students: a request for 3 devices"):
+        m.submit(ALICE, Requirement(3), wait=True, limits=students)
+
+
+def test_a_request_over_what_the_user_holds_waits_with_the_limit_and_holds_up_nobody():
+    m, _ = manager(4)
+    students = UserLimits(policy="group students", max_devices=2)
+    m.submit(ALICE, Requirement(2), wait=False, limits=students)
+    held_back = queued(m.submit(ALICE, Requirement(1), wait=True, limits=students))
+    assert held_back.reason == "limit max_devices=2 for group students: you hold 2 (gpu0, gpu1)"
+    # Bob comes after her and is served at once: the limited request keeps nothing.
+    granted(m.submit(BOB, Requirement(2), wait=False))
+    m.check_invariants()
+
+
+def test_device_hours_in_the_window_hold_a_user_back_until_they_slide_out():
+    m, clock = manager(2)
+    limits = UserLimits(max_device_hours=2, window_s=24 * HOUR)
+    first = granted(m.submit(ALICE, Requirement(2), wait=False, limits=limits))
+    clock.now += HOUR
+    m.release(first.id, ALICE.uid)  # 2 device-hours used
+    waiting = queued(m.submit(ALICE, Requirement(1), wait=True, limits=limits))
+    assert waiting.reason.startswith("limit max_device_hours=2 for default: you used 2.0 device-hours in the last"), \
+        waiting.reason
+    assert m.pump() == []
+    clock.now += 24 * HOUR
+    assert [g.request.id for g in m.pump()] == [waiting.id]
+
+
+def test_named_devices_are_the_only_ones_granted_and_one_that_never_fits_is_refused():
+    m, _ = manager(3)
+    lease = granted(m.submit(ALICE, Requirement(1), wait=False, ask=Ask(only=("GPU-2",))))
+    assert lease.devices == ("GPU-2",)
+    busy = queued(m.submit(BOB, Requirement(1), wait=True, ask=Ask(only=("GPU-2",))))
+    assert busy.evaluation.eligible == ("GPU-2",)
+    with pytest.raises(Unsatisfiable, match="the 1 device named cannot satisfy a request for 2"):
+        m.submit(BOB, Requirement(2), wait=True, ask=Ask(only=("GPU-1",)))
+    small = LeaseManager([gpu(0, memory_gib=16), gpu(1)])
+    with pytest.raises(Unsatisfiable, match=r"the 1 device named cannot satisfy a request for 1 \(gpu0: .*memory"):
+        small.submit(BOB, Requirement(1, min_memory_mib=40 * 1024), wait=True, ask=Ask(only=("GPU-0",)))
+
+
+def test_an_early_end_with_notice_ends_in_its_own_state_and_can_be_called_off():
+    m, clock = manager(2)
+    revoked = granted(m.submit(ALICE, Requirement(1), wait=False, ask=Ask(time_limit_s=HOUR)))
+    m.end_early(revoked.id, clock.now + 600, REVOKED, "revoked by root: maintenance")
+    idle = granted(m.submit(BOB, Requirement(1), wait=False, ask=Ask(time_limit_s=HOUR)))
+    m.end_early(idle.id, clock.now + 300, IDLE, "idle for 30m")
+    assert m.call_off_ending(idle.id).expires_at == idle.granted_at + HOUR
+    clock.now += 600
+    for lease in (revoked, idle):
+        m.heartbeat(lease.id)
+    ended = m.expire()
+    assert [(lease.id, lease.state, lease.end_reason) for lease in ended] == [
+        (revoked.id, REVOKED, "revoked by root: maintenance")]
+    assert idle.active and not idle.notice
+
+
+def test_a_reservation_outlives_the_process_that_asked_and_needs_no_heartbeat():
+    m, clock = manager(1, ttl_s=10)
+    booked = granted(m.submit(ALICE, Requirement(1), wait=False, ask=Ask(time_limit_s=HOUR, reservation=True)))
+    ended, _ = m.process_exited(ALICE.process)
+    assert ended == [] and booked.active
+    assert not m.involves(ALICE.process), "the daemon stops watching the asking process"
+    clock.now += 30 * 60
+    assert m.expire() == []
+    clock.now += 30 * 60
+    assert [(lease.id, lease.state) for lease in m.expire()] == [(booked.id, TIME_LIMIT)]
+
+
+def test_a_process_lease_still_ends_with_its_holder():
+    m, _ = manager(1)
+    lease = granted(m.submit(ALICE, Requirement(1), wait=False, ask=Ask(time_limit_s=HOUR)))
+    ended, _ = m.process_exited(ProcessId(ALICE.pid, ALICE.start_time))
+    assert [(e.id, e.state) for e in ended] == [(lease.id, HOLDER_EXITED)]
+
+
+def test_a_holder_that_exits_at_its_end_or_after_a_revoke_notice_ends_as_that_end():
+    # `vaccel run` stops its command at the time limit itself and exits: the lease ends as
+    # its time limit, not as "holder exited", whichever of the two the broker sees first.
+    m, clock = manager(2)
+    timed = granted(m.submit(ALICE, Requirement(1), wait=False, ask=Ask(time_limit_s=60)))
+    revoked = granted(m.submit(BOB, Requirement(1), wait=False, ask=Ask(time_limit_s=HOUR)))
+    m.end_early(revoked.id, clock.now + 600, REVOKED, "revoked by root: maintenance")
+    clock.now += 60
+    (ended,), _ = m.process_exited(ALICE.process)
+    assert (ended.id, ended.state) == (timed.id, TIME_LIMIT)
+    (ended,), _ = m.process_exited(BOB.process)
+    assert (ended.id, ended.state, ended.end_reason) == (revoked.id, REVOKED, "revoked by root: maintenance")
