@@ -137,6 +137,10 @@ class Daemon:
         service.restore(active, ended, drained)
         service.restore_queue(queued, rebuild_request)
 
+        # Before the extra servers: the dashboard chains its live updates onto this one.
+        service.on_change = lambda: self.notifier.status(service.summary())
+        # Before the sockets: once a client can connect, the metrics and the dashboard answer too.
+        closers = await addons.start_servers(config, service)
         server = grpc.aio.server(options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", 16 * MAX_MESSAGE_BYTES),
@@ -152,9 +156,6 @@ class Daemon:
             if config.socket_group:
                 os.chown(path, -1, grp.getgrnam(config.socket_group).gr_gid)
         service.start_timers()
-        # Before the extra servers: the dashboard chains its live updates onto this one.
-        service.on_change = lambda: self.notifier.status(service.summary())
-        closers = await addons.start_servers(config, service)
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
