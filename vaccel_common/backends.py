@@ -5,6 +5,8 @@ name vendor runtimes.
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass
 
 
@@ -70,6 +72,34 @@ BACKENDS: dict[str, Backend] = {
 
 # Other names users write for a backend (accelerator-config.yaml `backend:`).
 BACKEND_ALIASES: dict[str, str] = {"oneapi": "xpu"}
+
+# Which backend drives a device file a scheduler hands a job (Slurm's gres.conf File=).
+# Slurm sets every vendor's visible-devices variable alike, so the file is what tells.
+# A character major the driver owns alone; the shared DRM render nodes (major 226) by the
+# PCI vendor id sysfs shows for them.
+DEVICE_MAJOR_BACKENDS: dict[int, str] = {195: "cuda"}
+_DRM_MAJOR = 226
+PCI_VENDOR_BACKENDS: dict[str, str] = {"0x10de": "cuda", "0x1002": "rocm", "0x8086": "xpu"}
+# gres.conf `AutoDetect=` values: the vendor library Slurm found the GPUs with.
+GRES_AUTODETECT_BACKENDS: dict[str, str] = {"nvml": "cuda", "rsmi": "rocm", "oneapi": "xpu"}
+
+
+def backend_of_device_file(path: str) -> str:
+    """The backend of the device behind a device file, "" when the file says nothing."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ""
+    if not stat.S_ISCHR(st.st_mode):
+        return ""
+    major, minor = os.major(st.st_rdev), os.minor(st.st_rdev)
+    if major == _DRM_MAJOR:
+        try:
+            with open(f"/sys/dev/char/{major}:{minor}/device/vendor") as f:
+                return PCI_VENDOR_BACKENDS.get(f.read().strip().lower(), "")
+        except OSError:
+            return ""
+    return DEVICE_MAJOR_BACKENDS.get(major, "")
 
 # Every variable any backend may set, so a lease can clear what another backend left.
 DEVICE_ENV_VARS = tuple(sorted({

@@ -28,12 +28,15 @@ def current_lease() -> Lease | None:
     (a forked child sees its parent's, as a view it never releases), or None.
 
     A `vaccel run` command has no lease object of its own: its lease is in its environment
-    (VACCEL_LEASE_ID), and `with vaccel.lease()` there joins it."""
+    (VACCEL_LEASE_ID), and `with vaccel.lease()` there joins it. Inside a Slurm job that
+    holds GPUs it is the job's allocation (slurm_job.py)."""
     # Entries leave the table when their `with` block exits; a lease lost meanwhile stays,
     # so that using it raises LeaseLost rather than quietly falling back to the CPU.
     for pid, entered in reversed(list(leasing._ENTERED.values())):
         return entered if pid == os.getpid() else entered.forked_view()
-    return None
+    from vaccel import slurm_job  # inside a Slurm job with GPUs, the job's allocation is the lease
+
+    return slurm_job.job_lease()
 
 
 def init_accelerator(**options: Any) -> Accelerator:

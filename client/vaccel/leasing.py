@@ -142,6 +142,12 @@ class lease:
                 "be using the wrong device; create the lease before any device call "
                 "(e.g. at the top of the script) or run the script with `vaccel run`"
             )
+        from vaccel import slurm_job  # inside a Slurm job the job's allocation is the lease
+
+        job = slurm_job.lease_for(self.request.gpus, contract=self.request.contract, config=self.request.config,
+                                  socket=self.socket, in_process=True)
+        if job is not None:
+            return self._enter_job(job)
         inherited = os.environ.get("VACCEL_LEASE_ID")
         parent = _ENTERED.get(inherited or "")
         if parent is not None and parent[0] != os.getpid():
@@ -168,7 +174,10 @@ class lease:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         session = self._session
-        if session is None:  # a forked child's view: the parent owns the lease
+        if session is None:  # a forked child's view (the parent owns the lease) or a Slurm job's
+            if self._lease is not None and _ENTERED.get(self._lease.id, (0, None))[1] is self._lease:
+                del _ENTERED[self._lease.id]
+                self._restore_env()
             return
         if self._lease is not None and _ENTERED.get(self._lease.id, (0, None))[1] is self._lease:
             del _ENTERED[self._lease.id]
@@ -181,6 +190,15 @@ class lease:
             self._session = None
 
     # -- internals ---------------------------------------------------------------------
+
+    def _enter_job(self, job: Lease) -> Lease:
+        """Slurm holds the job's devices: nothing to heartbeat, release or watch for here."""
+        self._lease = job
+        self._apply_env(job.env, None)
+        _ENTERED[job.id] = (os.getpid(), job)
+        for warning in job.warnings:
+            print(f"vaccel: warning: {warning}", file=sys.stderr)
+        return job
 
     def _lost(self, lost: Lease, reason: str) -> None:
         # Runs on the heartbeat thread; the session has already marked the lease lost.

@@ -144,6 +144,13 @@ def run_under_lease(
     signal.pthread_sigmask(signal.SIG_BLOCK, _WAITED)
     wake = _Waker()
     try:
+        from vaccel import slurm_job  # inside a Slurm job the job's allocation is the lease: no broker
+
+        job = None if lease_id else slurm_job.lease_for(gpus, contract=contract, config=config, socket=socket,
+                                                        in_process=False)
+        if job is not None:
+            _announce(quiet, job, " (Slurm job)")
+            return _supervise(command, slurm_job.NoSession(), job, child_env(job, None), wake)  # type: ignore[arg-type]
         request = LeaseRequest(gpus=gpus, min_memory_mib=min_memory_mib, wait=wait, contract=contract,
                                config=config, command=" ".join(command), time=time_limit, devices=devices)
         ending = _Ending(wake, warn_signal)
@@ -153,10 +160,7 @@ def run_under_lease(
                 lease_obj = session.join(lease_id, gpus=1)
             else:
                 lease_obj = _acquire_interruptibly(session, request, wake)
-            names = ", ".join(f"gpu{d.index} {d.name}" for d in lease_obj.devices)
-            _say(quiet, f"lease {lease_obj.id}: {names}" + (" (simulated)" if lease_obj.simulated else ""))
-            for warning in lease_obj.warnings:
-                _say(quiet, f"warning: {warning}")
+            _announce(quiet, lease_obj)
             try:
                 return _supervise(command, session, lease_obj, child_env(lease_obj, session.config_path), wake,
                                   ending)
@@ -167,6 +171,13 @@ def run_under_lease(
         wake.close()
         _drain_wakes()
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _WAITED)
+
+
+def _announce(quiet: bool, lease_obj: Lease, source: str = "") -> None:
+    names = ", ".join(f"gpu{d.index} {d.name}" for d in lease_obj.devices)
+    _say(quiet, f"lease {lease_obj.id}{source}: {names}" + (" (simulated)" if lease_obj.simulated else ""))
+    for warning in lease_obj.warnings:
+        _say(quiet, f"warning: {warning}")
 
 
 def _queue_printer(quiet: bool) -> Callable[[str], None]:

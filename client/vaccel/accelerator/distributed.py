@@ -32,7 +32,12 @@ class RankInfo:
 
 
 def rank_info(env: Mapping[str, str]) -> RankInfo:
-    """Read RANK / LOCAL_RANK / WORLD_SIZE as torchrun sets them."""
+    """Read RANK / LOCAL_RANK / WORLD_SIZE as torchrun sets them; without them, Slurm's
+    SLURM_PROCID / SLURM_LOCALID / SLURM_STEP_NUM_TASKS where srun started the tasks (a
+    batch script has no step, and its SLURM_NTASKS counts tasks it has not started)."""
+    if "RANK" not in env and "WORLD_SIZE" not in env and "SLURM_STEP_NUM_TASKS" in env:
+        env = {"RANK": env.get("SLURM_PROCID", "0"), "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
+               "WORLD_SIZE": env["SLURM_STEP_NUM_TASKS"]}
     try:
         world_size = int(env.get("WORLD_SIZE", "1"))
         rank = int(env.get("RANK", "0"))

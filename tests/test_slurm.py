@@ -1,0 +1,167 @@
+"""Inside a Slurm job the job's allocation is the lease (client/vaccel/slurm_job.py), on a
+real single-node Slurm (tests/slurm_cluster.py): four fake GPUs, no vaccel broker unless a
+test starts one. Every job runs as root with this interpreter."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.slurm_cluster import SlurmCluster, SlurmStartError, missing_programs
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+
+# Prints what the job's process sees: the lease, the GPUs Slurm gave, the accelerator's ranks.
+PROBE = """\
+import os, vaccel
+with vaccel.lease() as l:
+    acc = vaccel.init_accelerator()
+    print("LEASE", l.id, l.backend, l.simulated, ",".join(d.visible_id for d in l.devices),
+          os.environ.get("SLURM_STEP_GPUS") or os.environ.get("SLURM_JOB_GPUS"),
+          acc.rank, acc.world_size, acc.ranks.local_rank, acc.device, flush=True)
+"""
+
+
+def _install_or_skip() -> None:
+    missing = missing_programs()
+    if not missing:
+        return
+    if os.getuid() != 0:
+        pytest.skip(f"SLURM TESTS SKIPPED: {', '.join(missing)} missing and not root to install slurm-wlm "
+                    "(run scripts/setup.sh as root)")
+    r = subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "slurm-wlm"],
+                       capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    assert r.returncode == 0 and not missing_programs(), f"cannot install slurm-wlm:\n{r.stdout}\n{r.stderr}"
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    _install_or_skip()
+    if os.getuid() != 0:
+        pytest.skip("SLURM TESTS SKIPPED: the test cluster needs root (device nodes, the munge user)")
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        cluster.start()
+    except SlurmStartError as err:
+        pytest.fail(f"the test Slurm did not start: {err}")
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def job_env(slurm: SlurmCluster, tmp_path: Path) -> dict[str, str]:
+    """Client env for jobs: no lease of ours, and a broker socket where there is none, so a
+    job that tried to reach a broker would fail loudly."""
+    env = slurm.env(VACCEL_SOCKET=str(tmp_path / "no-broker.sock"), PYTHONUNBUFFERED="1")
+    for key in ("VACCEL_LEASE_ID", "VACCEL_BACKEND", "VACCEL_SLURM", "CUDA_VISIBLE_DEVICES"):
+        env.pop(key, None)
+    return env
+
+
+def _lease_line(stdout: str) -> list[list[str]]:
+    return sorted(line.split()[1:] for line in stdout.splitlines() if line.startswith("LEASE "))
+
+
+def test_train_runs_unchanged_under_srun_and_sees_the_jobs_gpu(slurm, job_env, tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    r = slurm.run("srun", "--gres=gpu:1", "sh", "-c", f"{PY} {probe} && {PY} examples/train.py --epochs 2",
+                  cwd=ROOT, env=job_env, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (line,) = _lease_line(r.stdout)
+    job_id = line[0].removeprefix("slurm-").split(".")[0]
+    assert line[0] == f"slurm-{job_id}.0"
+    # backend from the device file (major 195), simulated: no driver behind the node
+    assert line[1:5] == ["cuda", "True", "0", "0"]
+    assert line[5:8] == ["0", "1", "0"] and line[8] == "cpu"
+    assert "device cpu (cuda); loss" in r.stdout
+    assert f"lease slurm-{job_id}.0 holds simulated cuda devices" in r.stderr
+
+
+def test_train_runs_unchanged_under_sbatch_with_two_gpus(slurm, job_env, tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    script = tmp_path / "job.sh"
+    script.write_text(f"#!/bin/sh\nset -e\ncd {ROOT}\n{PY} {probe}\n{PY} examples/train.py --epochs 2\n")
+    out = tmp_path / "job.out"
+    r = slurm.run("sbatch", "--gres=gpu:2", "--wait", f"--output={out}", str(script), env=job_env, timeout=120)
+    text = out.read_text() if out.exists() else ""
+    assert r.returncode == 0, r.stdout + r.stderr + text
+    (line,) = _lease_line(text)
+    job_id = r.stdout.split()[-1]
+    # A batch script is no srun step: the lease is the job's, with both its GPUs.
+    assert line[:5] == [f"slurm-{job_id}", "cuda", "True", "0,1", "0,1"]
+    assert line[5:8] == ["0", "1", "0"]
+    assert "device cpu (cuda); loss" in text
+
+
+def test_vaccel_run_inside_srun_runs_the_command_on_the_jobs_devices_without_a_broker(slurm, job_env):
+    cmd = 'echo "$VACCEL_LEASE_ID $VACCEL_DEVICES $CUDA_VISIBLE_DEVICES $VACCEL_SIMULATED"; exit 7'
+    r = slurm.run("srun", "--gres=gpu:2", PY, "-m", "vaccel.cli", "run", "--", "sh", "-c", cmd, env=job_env)
+    assert r.returncode == 7, r.stdout + r.stderr
+    lease_id, devices, visible, simulated = r.stdout.split()
+    assert lease_id.startswith("slurm-") and lease_id.endswith(".0")
+    assert (devices, visible, simulated) == ("0,1", "0,1", "1")
+    assert f"vaccel: lease {lease_id} (Slurm job): gpu0 nvidia0, gpu1 nvidia1 (simulated)" in r.stderr
+    assert "released" not in r.stderr  # Slurm ends the allocation, not us
+
+
+def test_vaccel_run_inside_srun_reports_a_signal_as_128_plus_n(slurm, job_env):
+    r = slurm.run("srun", "--gres=gpu:1", PY, "-m", "vaccel.cli", "run", "--", "sh", "-c", "kill -TERM $$",
+                  env=job_env)
+    assert r.returncode == 143, r.stdout + r.stderr
+
+
+def test_two_tasks_see_ranks_0_and_1(slurm, job_env, tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    r = slurm.run("srun", "-n", "2", "--gres=gpu:2", PY, str(probe), env=job_env, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = _lease_line(r.stdout)
+    assert [line[5:8] for line in lines] == [["0", "2", "0"], ["1", "2", "1"]]
+    assert {line[3] for line in lines} == {"0,1"}
+
+
+def test_lease_inside_a_job_fails_fast_when_the_job_lacks_gpus(slurm, job_env):
+    code = "import vaccel\nwith vaccel.lease(gpus=2): pass\n"
+    r = slurm.run("srun", "--gres=gpu:1", PY, "-c", code, env=job_env)
+    assert r.returncode != 0
+    assert "holds 1 GPU(s) and 2 were asked for: submit with --gres=gpu:2" in r.stderr
+    r = slurm.run("srun", PY, "-m", "vaccel.cli", "run", "--", "true", env=job_env)
+    assert r.returncode != 0
+    assert "Slurm gave it no GPUs" in r.stderr
+
+
+def test_opting_out_asks_the_broker(slurm, job_env):
+    r = slurm.run("srun", "--gres=gpu:1", PY, "-m", "vaccel.cli", "run", "--", "true",
+                  env={**job_env, "VACCEL_SLURM": "off"})
+    assert r.returncode != 0
+    assert "cannot reach the vaccel broker" in r.stderr
+
+
+def test_a_contract_without_a_broker_is_said_unchecked(slurm, job_env, tmp_path):
+    spec = tmp_path / "runtime-spec.yaml"
+    spec.write_text("required_features:\n  - min_memory: 1GiB\n")
+    r = slurm.run("srun", "--gres=gpu:1", PY, "-m", "vaccel.cli", "run", "--contract", str(spec), "--", "true",
+                  env=job_env)
+    assert r.returncode == 0, r.stderr
+    assert "was NOT checked against this node's devices: no vaccel broker is reachable" in r.stderr
+
+
+def test_a_contract_the_node_cannot_meet_fails_before_the_job_computes(slurm, job_env, broker, tmp_path):
+    spec = tmp_path / "runtime-spec.yaml"
+    spec.write_text("required_features:\n  - min_memory: 100000GiB\n")
+    marker = tmp_path / "computed"
+    code = f"import vaccel\nwith vaccel.lease(contract={str(spec)!r}):\n    open({str(marker)!r}, 'w')\n"
+    r = slurm.run("srun", "--gres=gpu:1", PY, "-c", code, env={**job_env, "VACCEL_SOCKET": str(broker.socket)},
+                  timeout=60)
+    assert r.returncode != 0
+    assert "the contract cannot be met on this node" in r.stderr and "NOT satisfiable" in r.stderr
+    assert not marker.exists()
