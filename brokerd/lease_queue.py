@@ -54,10 +54,13 @@ class QueueSide:
     def _held_back(self: LeaseManager, request: Request, reserved: Reservations) -> bool:
         """Whether a policy limit holds the request back now (it keeps nothing then); the
         reason is left on the request for its queue line."""
+        if not (request.limits.max_devices or request.limits.max_device_hours):
+            request.reason = ""
+            return False  # the common case, on every request of every pump: no work
         now = self._clock()
-        active = list(self.leases.values())
-        request.reason = limit_reason(request, reserved, self.devices,
-                                      lambda uid, window: self.usage.in_window(uid, now, window, active))
+        request.reason = limit_reason(
+            request, reserved, self.devices,
+            lambda uid, window: self.usage.in_window(uid, now, window, self.leases.values()))
         return bool(request.reason)
 
     def cancel(self: LeaseManager, request_id: str) -> bool:

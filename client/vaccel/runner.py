@@ -201,10 +201,12 @@ class _Ending:
         self.warn_signal = warn_signal
         self.heard: LeaseEnding | None = None
         self.acted_on: LeaseEnding | None = None
+        self.called_off = False  # the end heard of was called off (idle reclaim), said once
         self._timer: threading.Timer | None = None
 
     def __call__(self, notice: LeaseEnding) -> None:
         self.heard = notice
+        self.called_off = False
         self.wake()
         if self._timer is not None:
             self._timer.cancel()
@@ -273,13 +275,17 @@ def _supervise(command: list[str], session: LeaseSession, lease_obj: Lease, env:
             if heard is not None and heard is not ending.acted_on and not stopped_at:
                 ending.acted_on = heard
                 _say(False, f"{heard}{_warn(child.pid, ending.warn_signal)}")
-            over = heard is not None and time.time() >= heard.ends_at
+            # The heartbeat keeps expires_at current: an idle reclaim called off moves it back.
+            over = heard is not None and bool(lease_obj.expires_at) and time.time() >= lease_obj.expires_at
+            if heard is not None and lease_obj.expires_at > heard.ends_at + 1 and not ending.called_off:
+                ending.called_off = True
+                _say(False, f"lease {lease_obj.id}: {lease_obj.notice or 'the early end was called off'}; it now "
+                            f"ends at {time.strftime('%a %H:%M', time.localtime(lease_obj.expires_at))}")
             if over and not lease_obj.lost_reason:
                 # Its end is the broker's to record (time_limit, revoked): no release.
-                lease_obj.mark_lost(heard.reason)
-            if (lease_obj.lost_reason or over) and not stopped_at:
-                why = lease_obj.lost_reason or heard.reason if heard else lease_obj.lost_reason
-                _say(False, f"lease {lease_obj.id} ended: {why}; stopping the command")
+                lease_obj.mark_lost(lease_obj.notice or heard.reason)
+            if lease_obj.lost_reason and not stopped_at:
+                _say(False, f"lease {lease_obj.id} ended: {lease_obj.lost_reason}; stopping the command")
                 _signal_tree(child.pid, signal.SIGTERM)
                 stopped_at = time.monotonic()
                 grace = threading.Timer(LOST_GRACE_S, wake)
