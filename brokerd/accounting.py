@@ -140,23 +140,30 @@ def open_database(path: Path, clock: Callable[[], float] = time.time) -> sqlite3
         return _open(path)
 
 
+# A lease's end row may wait this long for company before it is committed: on a busy
+# host one commit then carries many ends, and this thread leaves the cores to the lease
+# path (a lost row is put back from the lease store at start: the backfill above).
+_GATHER_S = 0.5
+
+
 class _Writer:
     """One thread owns the connection; whatever is queued while it works goes into its
-    next transaction, so a burst of lease ends costs one commit."""
+    next transaction, so a burst of lease ends costs one commit. Rows submitted with
+    `gather` wait up to _GATHER_S for more; anything else (a report) goes at once."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
-        self._ops: queue.SimpleQueue[tuple[Op, concurrent.futures.Future[Any]] | None] = queue.SimpleQueue()
+        self._ops: queue.SimpleQueue[tuple[Op, concurrent.futures.Future[Any], bool] | None] = queue.SimpleQueue()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="vaccel-accounting", daemon=True)
         self._thread.start()
 
-    def submit(self, op: Callable[[sqlite3.Connection], T]) -> concurrent.futures.Future[T]:
+    def submit(self, op: Callable[[sqlite3.Connection], T], *, gather: bool = False) -> concurrent.futures.Future[T]:
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
         if self._closed:
             future.set_exception(RuntimeError("accounting is closed"))
         else:
-            self._ops.put((op, future))
+            self._ops.put((op, future, gather))
         return future
 
     def close(self, timeout_s: float = 10.0) -> None:
@@ -172,16 +179,20 @@ class _Writer:
             if item is None:
                 break
             batch = [item]
+            deadline = time.monotonic() + _GATHER_S if item[2] else 0.0
             while True:
                 try:
-                    more = self._ops.get_nowait()
+                    wait = deadline - time.monotonic()
+                    more = self._ops.get(timeout=wait) if wait > 0 else self._ops.get_nowait()
                 except queue.Empty:
                     break
                 if more is None:
                     stop = True
                     break
                 batch.append(more)
-            self._commit(batch)
+                if not more[2]:
+                    deadline = 0.0  # someone waits for this one: commit now
+            self._commit([(op, future) for op, future, _ in batch])
         self._conn.close()
 
     def _commit(self, batch: list[tuple[Op, concurrent.futures.Future[Any]]]) -> None:
@@ -248,7 +259,7 @@ class Accounting(LeaseHook):
 
     def ended(self, lease: Lease) -> None:
         row = usage_row(lease, self._live.pop(lease.id, None), self._clock())
-        self._logged(self._writer.submit(lambda conn: conn.execute(
+        self._logged(self._writer.submit(gather=True, op=lambda conn: conn.execute(
             f"INSERT OR REPLACE INTO usage ({_COLUMNS}) VALUES ({','.join('?' * 13)})", _values(row))),
             f"the end of lease {lease.id}")
 

@@ -42,13 +42,17 @@ class QueueSide:
 
     def _reservations(self: LeaseManager) -> Reservations:
         now = self._clock()
-        available_at = {}
-        for uuid in self.devices:
-            state = self.device_state(uuid)
-            if state == "free":
-                available_at[uuid] = now
-            elif state == "leased":
-                available_at[uuid] = self.leases[self.owner[uuid]].expires_at or NEVER
+
+        def available_at() -> dict[str, float]:
+            when = {}
+            for uuid in self.devices:
+                state = self.device_state(uuid)
+                if state == "free":
+                    when[uuid] = now
+                elif state == "leased":
+                    when[uuid] = self.leases[self.owner[uuid]].expires_at or NEVER
+            return when
+
         return Reservations(self.leases.values(), now=now, available_at=available_at)
 
     def _held_back(self: LeaseManager, request: Request, reserved: Reservations) -> bool:
@@ -75,6 +79,8 @@ class QueueSide:
         leave on each one left waiting the reason it waits."""
         grants: list[Grant] = []
         waiting: list[Request] = []
+        if not self.queue:
+            return grants  # after most releases on a host nobody waits for
         # Built once and kept up to date as the pass goes: rebuilding it for every request
         # made a pump quadratic in the queue's length.
         reserved = self._reservations()

@@ -196,7 +196,9 @@ class LeaseManager(QueueSide):
 
     def _try_grant(self, request: Request, reserved: Reservations) -> Lease | None:
         eligible = set(request.evaluation.eligible)
-        free = [d for d in self._free() if d.uuid in eligible and reserved.permits(d.uuid, request)]
+        free = [d for d in self._free() if d.uuid in eligible]
+        if not reserved.keeps_nothing:
+            free = [d for d in free if reserved.permits(d.uuid, request)]
         if len(free) < request.requirement.gpus:
             return None
         chosen = select_devices(request.requirement, free, self.last_used, request.evaluation)

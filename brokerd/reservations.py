@@ -21,7 +21,7 @@ like.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from brokerd.lease_model import Lease, Request
 
@@ -32,14 +32,22 @@ class Reservations:
     """Built in queue order: `add` each request that waits, `granted` each grant made."""
 
     def __init__(self, leases: Iterable[Lease], *, now: float = 0.0,
-                 available_at: Mapping[str, float] | None = None) -> None:
+                 available_at: Callable[[], Mapping[str, float]] | None = None) -> None:
         self.now = now
         self._own: dict[int, set[str]] = {}
         for lease in leases:
             self._own.setdefault(lease.holder.uid, set()).update(lease.devices)
-        # uuid -> when it comes free (now for a free device, a lease's end, NEVER)
-        self._available_at = dict(available_at or {})
+        # uuid -> when it comes free (now for a free device, a lease's end, NEVER); asked
+        # for only once a request must wait: most passes grant or find an empty queue.
+        self._source = available_at
+        self._known: dict[str, float] | None = None
         self._until: dict[str, float] = {}  # kept device -> until when
+
+    @property
+    def _available_at(self) -> dict[str, float]:
+        if self._known is None:
+            self._known = dict(self._source() if self._source is not None else {})
+        return self._known
 
     def held_by(self, uid: int) -> set[str]:
         """The devices this user holds, grants of this pass included."""
@@ -76,6 +84,11 @@ class Reservations:
         limit = request.ask.time_limit_s
         return until != NEVER and limit > 0 and self.now + limit <= until
 
+    @property
+    def keeps_nothing(self) -> bool:
+        """No request ahead keeps a device: every free device may be taken."""
+        return not self._until
+
     def kept_until(self, uuid: str) -> float | None:
         """Until when a request ahead keeps this device (None: nobody keeps it)."""
         return self._until.get(uuid)
@@ -84,8 +97,9 @@ class Reservations:
         """Later requests of the same user see this lease among their own; its devices
         come free at its end."""
         self._own.setdefault(lease.holder.uid, set()).update(lease.devices)
-        for uuid in lease.devices:
-            self._available_at[uuid] = lease.expires_at or NEVER
+        if self._known is not None:  # else it is read later, with this lease in it
+            for uuid in lease.devices:
+                self._known[uuid] = lease.expires_at or NEVER
 
     def __contains__(self, uuid: object) -> bool:
         """Kept with no end, or kept at all (for callers that cannot backfill)."""
