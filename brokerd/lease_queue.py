@@ -87,6 +87,13 @@ class QueueSide:
         free = self._free()
         users_ahead: set[int] = set()
         for request in self.ordered():
+            if not free:  # nothing left to grant: the rest keep their place and their reasons
+                waiting.append(request)
+                if request.reason.startswith("backfill window"):  # no free device is kept any more
+                    others = len(users_ahead - {request.holder.uid})
+                    request.reason = wait_reason(request, reserved, [], others)
+                users_ahead.add(request.holder.uid)
+                continue
             if self._held_back(request, reserved):
                 waiting.append(request)
                 continue

@@ -179,9 +179,13 @@ class LeaseManager(QueueSide):
         # newcomer may take only what they leave it (or backfill).
         order = self.ordered([*self.queue, request])
         reserved = self._reservations()
-        for ahead in order[:order.index(request)]:
-            if not self._held_back(ahead, reserved):
-                reserved.add(ahead)
+        eligible = set(evaluation.eligible)
+        # What those ahead keep matters only if enough free devices exist to take: on a
+        # full host (hundreds waiting) a newcomer then costs no pass over the queue.
+        if sum(1 for d in self._free() if d.uuid in eligible) >= requirement.gpus:
+            for ahead in order[:order.index(request)]:
+                if not self._held_back(ahead, reserved):
+                    reserved.add(ahead)
         if not self._held_back(request, reserved):
             lease = self._try_grant(request, reserved)
             if lease is not None:
