@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from brokerd.config import Config
-from brokerd.devices import Snapshot
+from brokerd.devices import UTILISATION_KEY, Snapshot
 from brokerd.lease_hooks import LeaseHook
 from brokerd.lease_model import Lease
 from brokerd.report import STILL_ACTIVE, Report, UsageRow, build_report
@@ -43,7 +43,6 @@ log = logging.getLogger("vaccel.brokerd")
 
 DB_NAME = "accounting.db"
 SCHEMA_VERSION = 1
-UTILISATION_KEY = "utilization_gpu_pct"  # Device.extra, as the probes that measure it fill it
 PRUNE_EVERY_S = 86400.0
 DEFAULT_SPAN_S = 7 * 86400.0  # a report that names no start covers the last week
 

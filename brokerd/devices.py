@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# The Device.extra key under which the vendor probes that measure it put the percent busy.
+UTILISATION_KEY = "utilization_gpu_pct"
+
 
 @dataclass(frozen=True)
 class Device:

@@ -14,11 +14,10 @@ import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from brokerd.devices import Device
+from brokerd.devices import UTILISATION_KEY, Device
 from brokerd.lease_model import Lease
 from brokerd.procinfo import PROC, stat_fields
 
-UTILISATION_KEY = "utilization_gpu_pct"  # Device.extra, as the vendor probes fill it
 # Less CPU than this between two looks is a process sleeping (a shell prompt, a notebook
 # kernel waiting for input), not a job computing: clock ticks, 1/100 s each.
 _BUSY_TICKS = 5

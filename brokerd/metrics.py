@@ -27,8 +27,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from brokerd.accounting import UTILISATION_KEY
-from brokerd.devices import Device
+from brokerd.devices import UTILISATION_KEY, Device
 from brokerd.lease_hooks import LeaseHook
 from brokerd.lease_model import ENDED_STATES, Lease
 from brokerd.views import device_views
