@@ -67,7 +67,7 @@ class UsageBook:
         """Device-hours of `uid` in [now - window_s, now], ended and running leases."""
         start_of_window = now - window_s
         spans = self._spans.get(uid, deque())
-        longest = max(window_s, self.window_s)
+        longest = max(window_s, self.window_s)  # window_s: the longest any policy table asks for
         while spans and spans[0][1] < now - longest:  # older than any window asked: gone
             spans.popleft()
         total = sum(n * max(0.0, min(end, now) - max(start, start_of_window)) for start, end, n in spans)

@@ -26,7 +26,9 @@ if TYPE_CHECKING:
 class Governance:
     def _adopt_policy(self: BrokerService, config: Config) -> None:
         self.manager.usage.half_life_s = config.policy.fair_half_life_s
-        self.manager.usage.window_s = config.policy.default.window_s or self.manager.usage.window_s
+        # The longest window any table asks for: use older than that is forgotten.
+        windows = [config.policy.default.window_s or 0.0, *(g.window_s or 0.0 for _, g in config.policy.groups)]
+        self.manager.usage.window_s = max(windows) or self.manager.usage.window_s
         self.manager.aging_s = config.policy.aging_s
 
     def _time_limit(self: BrokerService, limits: EffectiveLimits, asked_s: float) -> float:

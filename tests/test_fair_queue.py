@@ -208,3 +208,16 @@ def test_a_holder_that_exits_at_its_end_or_after_a_revoke_notice_ends_as_that_en
     assert (ended.id, ended.state) == (timed.id, TIME_LIMIT)
     (ended,), _ = m.process_exited(BOB.process)
     assert (ended.id, ended.state, ended.end_reason) == (revoked.id, REVOKED, "revoked by root: maintenance")
+
+
+def test_use_is_kept_for_the_longest_window_any_policy_table_asks_for():
+    from brokerd.fairshare import UsageBook
+
+    book = UsageBook(half_life_s=HOUR, window_s=14 * 24 * HOUR)  # a group's 14-day window, the default's 7
+    now = 100 * 24 * HOUR
+    lease = Lease("l-old", ALICE, ("GPU-0",), "cuda", now - 10 * 24 * HOUR)
+    lease.ended_at = lease.granted_at + 2 * HOUR
+    book.add(lease)
+    assert book.in_window(ALICE.uid, now, 7 * 24 * HOUR) == 0.0
+    assert book.in_window(ALICE.uid, now, 14 * 24 * HOUR) == pytest.approx(2.0)  # not forgotten by the 7-day ask
+    assert book.recent(ALICE.uid, now) < 2.0 * 0.5 ** (9 * 24)  # ten days at a 1 h half-life: all but gone
