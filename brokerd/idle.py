@@ -10,41 +10,27 @@ computes again before the end is left alone (brokerd/governing.py).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from brokerd.devices import UTILISATION_KEY, Device
 from brokerd.lease_model import Lease
+from brokerd.process import ProcessId
 from brokerd.procinfo import PROC, stat_fields
+from brokerd.reaper import lease_processes, process_table
 
 # Less CPU than this between two looks is a process sleeping (a shell prompt, a notebook
 # kernel waiting for input), not a job computing: clock ticks, 1/100 s each.
 _BUSY_TICKS = 5
 
 
-def _children_of(proc_root: Path) -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir(proc_root):
-        if entry.isdigit():
-            fields = stat_fields(int(entry), proc_root)
-            if fields is not None:
-                children.setdefault(int(fields[1]), []).append(int(entry))
-    return children
-
-
-def _cpu_ticks(pids: Iterable[int], children: Mapping[int, list[int]], proc_root: Path) -> int:
-    """utime + stime of the processes and all their descendants (those alive now)."""
-    total, todo, seen = 0, list(pids), set()
-    while todo:
-        pid = todo.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
-        fields = stat_fields(pid, proc_root)
+def _cpu_ticks(processes: Iterable[ProcessId], proc_root: Path) -> int:
+    """utime + stime of the processes (those still alive)."""
+    total = 0
+    for process in processes:
+        fields = stat_fields(process.pid, proc_root)
         if fields is not None:
             total += int(fields[11]) + int(fields[12])
-        todo.extend(children.get(pid, ()))
     return total
 
 
@@ -58,15 +44,17 @@ class IdleWatch:
     def observe(self, leases: Iterable[Lease], devices: Mapping[str, Device], now: float) -> dict[str, float]:
         """Lease id -> seconds since it last computed, for every active lease."""
         leases = list(leases)
-        children = _children_of(self.proc_root) if leases else {}
+        table = process_table(self.proc_root) if leases else None
         idle: dict[str, float] = {}
         for lease in leases:
             measured = [devices[u].extra.get(UTILISATION_KEY) for u in lease.devices if u in devices]
             readings = [float(m) for m in measured if isinstance(m, int | float)]
-            pids = [lease.holder.pid, *(m.pid for m in lease.members)]
+            roots = [lease.holder.process, *lease.members]
             if lease.reservation:
-                pids = [m.pid for m in lease.members]  # its holder was the command that booked it
-            ticks = _cpu_ticks(pids, children, self.proc_root) if not readings else 0
+                roots = list(lease.members)  # its holder was the command that booked it
+            ticks = 0
+            if not readings:  # the lease's own processes, as the reaper would find them
+                ticks = _cpu_ticks(lease_processes(roots, lease.holder.uid, self.proc_root, table), self.proc_root)
             before = self._last.get(lease.id)
             if readings:
                 computing = any(r > 0 for r in readings)

@@ -24,6 +24,7 @@ import os
 import signal
 from collections.abc import Iterable
 from pathlib import Path
+from typing import NamedTuple
 
 from brokerd.journal import log_event
 from brokerd.lease_model import RELEASED, Lease, heartbeat_interval
@@ -82,20 +83,33 @@ def _stat(pid: int, proc_root: Path) -> tuple[int, int, int] | None:
     return int(fields[1]), int(fields[19]), uid
 
 
-def lease_processes(roots: Iterable[ProcessId], uid: int, proc_root: Path = PROC) -> list[ProcessId]:
-    """The roots that still live as themselves, plus all their live descendants, limited
-    to processes of `uid`; never the daemon, its ancestors, pid 1 or what runs under them."""
-    protected = {0, 1, os.getpid(), *ancestors(os.getpid(), proc_root)}
-    children: dict[int, list[tuple[int, int]]] = {}
-    owners: dict[int, tuple[int, int]] = {}  # pid -> (start time, uid)
+class ProcessTable(NamedTuple):
+    """Every live process once: whom each started, and who each is."""
+
+    children: dict[int, list[tuple[int, int]]]  # ppid -> [(pid, start time)]
+    owners: dict[int, tuple[int, int]]  # pid -> (start time, uid)
+
+
+def process_table(proc_root: Path = PROC) -> ProcessTable:
+    """One pass over /proc, for as many lease_processes() questions as there are leases."""
+    table = ProcessTable({}, {})
     for entry in proc_root.iterdir():
         if not entry.name.isdigit():
             continue
         facts = _stat(int(entry.name), proc_root)
         if facts is not None:
             ppid, start, owner = facts
-            owners[int(entry.name)] = (start, owner)
-            children.setdefault(ppid, []).append((int(entry.name), start))
+            table.owners[int(entry.name)] = (start, owner)
+            table.children.setdefault(ppid, []).append((int(entry.name), start))
+    return table
+
+
+def lease_processes(roots: Iterable[ProcessId], uid: int, proc_root: Path = PROC,
+                    table: ProcessTable | None = None) -> list[ProcessId]:
+    """The roots that still live as themselves, plus all their live descendants, limited
+    to processes of `uid`; never the daemon, its ancestors, pid 1 or what runs under them."""
+    protected = {0, 1, os.getpid(), *ancestors(os.getpid(), proc_root)}
+    children, owners = table if table is not None else process_table(proc_root)
     found: dict[int, ProcessId] = {}
     todo = [p for p in roots if owners.get(p.pid, (None,))[0] == p.start_time]
     while todo:
