@@ -214,24 +214,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not command:
         raise CliError("nothing to run: vaccel run [options] -- COMMAND [ARGS...]", EXIT_USAGE)
-    if args.no_wait and args.wait is not None:
-        raise CliError("--wait and --no-wait contradict each other", EXIT_USAGE)
-    devices = tuple(args.device or ())
-    gpus = args.gpus if args.gpus is not None else max(1, len(devices))
-    if gpus < 1:
-        raise CliError(f"--gpus must be at least 1, got {gpus}", EXIT_USAGE)
-    if devices and gpus > len(devices):
-        raise CliError(f"--gpus {gpus} but only {len(devices)} --device named: name at least as many", EXIT_USAGE)
+    wait = wait_arg(args)
+    gpus, devices = devices_arg(args)
     if args.lease and (devices or args.time or args.gpus is not None):
         raise CliError("--lease runs inside an existing lease: --gpus, --device and --time belong to "
                        "the lease (vaccel reserve), not to the run", EXIT_USAGE)
     warn_signal = _signal_number(args.signal)
-    wait: bool | float = not args.no_wait
-    if args.wait is not None:
-        try:
-            wait = parse_duration(args.wait)
-        except ValueError as exc:
-            raise CliError(str(exc), EXIT_USAGE) from None
     from vaccel.contract_files import ContractFileError
 
     try:
@@ -247,9 +235,40 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ContractFileError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
     except LeaseError as exc:
-        code = {"resource_exhausted": EXIT_TEMPFAIL, "deadline_exceeded": EXIT_TEMPFAIL,
-                "unavailable": EXIT_UNAVAILABLE, "invalid_argument": EXIT_USAGE}.get(exc.code, EXIT_REFUSED)
-        raise CliError(str(exc), code) from None
+        raise refused(exc) from None
+
+
+# What `run` and `reserve` share: how many devices, how long to wait, how a refusal exits.
+
+
+def devices_arg(args: argparse.Namespace) -> tuple[int, tuple[str, ...]]:
+    """(gpus, devices) from --gpus and --device: --gpus defaults to as many as named."""
+    devices = tuple(args.device or ())
+    gpus = args.gpus if args.gpus is not None else max(1, len(devices))
+    if gpus < 1:
+        raise CliError(f"--gpus must be at least 1, got {gpus}", EXIT_USAGE)
+    if devices and gpus > len(devices):
+        raise CliError(f"--gpus {gpus} but only {len(devices)} --device named: name at least as many", EXIT_USAGE)
+    return gpus, devices
+
+
+def wait_arg(args: argparse.Namespace) -> bool | float:
+    """--wait DURATION / --no-wait: True waits for as long as it takes."""
+    if args.no_wait and args.wait is not None:
+        raise CliError("--wait and --no-wait contradict each other", EXIT_USAGE)
+    if args.wait is None:
+        return not args.no_wait
+    try:
+        return parse_duration(args.wait)
+    except ValueError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+
+
+def refused(exc: LeaseError) -> CliError:
+    """A lease refusal as the CLI's error, with the exit status scripts rely on."""
+    code = {"resource_exhausted": EXIT_TEMPFAIL, "deadline_exceeded": EXIT_TEMPFAIL,
+            "unavailable": EXIT_UNAVAILABLE, "invalid_argument": EXIT_USAGE}.get(exc.code, EXIT_REFUSED)
+    return CliError(str(exc), code)
 
 
 def _signal_number(name: str) -> int | None:

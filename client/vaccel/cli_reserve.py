@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import sys
 import time
 from typing import Any
 
@@ -52,32 +51,22 @@ def reservation_json(held: Any) -> dict[str, Any]:
 
 
 def cmd_reserve(args: argparse.Namespace) -> int:
-    from vaccel.cli import EXIT_TEMPFAIL, EXIT_UNAVAILABLE, EXIT_USAGE, CliError, _size
+    from vaccel.cli import EXIT_USAGE, CliError, _size, devices_arg, refused, wait_arg
     from vaccel.contract_files import ContractFileError
     from vaccel.lease_types import LeaseError
+    from vaccel.runner import queue_printer
     from vaccel.session import LeaseRequest, LeaseSession
-    from vaccel_common.units import format_duration, parse_duration
+    from vaccel_common.units import format_duration
 
-    devices = tuple(args.device or ())
-    gpus = args.gpus if args.gpus is not None else max(1, len(devices))
-    if args.no_wait and args.wait is not None:
-        raise CliError("--wait and --no-wait contradict each other", EXIT_USAGE)
+    gpus, devices = devices_arg(args)
+    wait = wait_arg(args)
     try:
-        wait: bool | float = parse_duration(args.wait) if args.wait is not None else not args.no_wait
         request = LeaseRequest(gpus=gpus, min_memory_mib=_size(args.min_memory), wait=wait,
                                contract=args.contract, command="vaccel reserve", time=args.time,
                                devices=devices, reservation=True)
     except ValueError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
-
-    last = [""]
-
-    def on_queue(message: str) -> None:  # each message once: the broker repeats it while nothing changes
-        if message != last[0]:
-            last[0] = message
-            print(f"vaccel: {message}", file=sys.stderr, flush=True)
-
-    with LeaseSession(args.socket, on_queue=on_queue) as session:
+    with LeaseSession(args.socket, on_queue=queue_printer(quiet=False)) as session:
         try:
             held = session.acquire(request)
         except KeyboardInterrupt:
@@ -85,9 +74,7 @@ def cmd_reserve(args: argparse.Namespace) -> int:
         except ContractFileError as exc:
             raise CliError(str(exc), EXIT_USAGE) from None
         except LeaseError as exc:
-            code = {"resource_exhausted": EXIT_TEMPFAIL, "deadline_exceeded": EXIT_TEMPFAIL,
-                    "unavailable": EXIT_UNAVAILABLE, "invalid_argument": EXIT_USAGE}.get(exc.code, 1)
-            raise CliError(str(exc), code) from None
+            raise refused(exc) from None
     if args.json:
         print(json.dumps(reservation_json(held), indent=2))
         return 0

@@ -154,7 +154,7 @@ def run_under_lease(
         request = LeaseRequest(gpus=gpus, min_memory_mib=min_memory_mib, wait=wait, contract=contract,
                                config=config, command=" ".join(command), time=time_limit, devices=devices)
         ending = _Ending(wake, warn_signal)
-        with LeaseSession(socket, on_queue=_queue_printer(quiet), on_lost=wake,
+        with LeaseSession(socket, on_queue=queue_printer(quiet), on_lost=wake,
                           say=lambda m: _say(False, m), on_ending=ending) as session:
             if lease_id:
                 lease_obj = session.join(lease_id, gpus=1)
@@ -180,7 +180,7 @@ def _announce(quiet: bool, lease_obj: Lease, source: str = "") -> None:
         _say(quiet, f"warning: {warning}")
 
 
-def _queue_printer(quiet: bool) -> Callable[[str], None]:
+def queue_printer(quiet: bool) -> Callable[[str], None]:
     """Print each queue message once: the broker repeats it while nothing changes."""
     last = [""]
 
