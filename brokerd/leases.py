@@ -321,9 +321,10 @@ class LeaseManager(QueueSide):
         """The lease will end at `at` (sooner than it would), in `state`, saying `notice` to
         its holder meanwhile (an admin's revoke with grace, an idle reclaim)."""
         lease = self.active(lease_id)
-        if not lease.expires_at or at < lease.expires_at or not lease.notice:
-            lease.expires_at = min(at, lease.expires_at) if lease.expires_at else at
-            lease.notice, lease.ending_state = notice, state
+        if lease.notice and lease.expires_at and at >= lease.expires_at:
+            return lease  # an earlier early end is announced already: it stands
+        lease.expires_at = min(at, lease.expires_at) if lease.expires_at else at
+        lease.notice, lease.ending_state = notice, state
         return lease
 
     def call_off_ending(self, lease_id: str) -> Lease:

@@ -100,7 +100,3 @@ class Reservations:
         if self._known is not None:  # else it is read later, with this lease in it
             for uuid in lease.devices:
                 self._known[uuid] = lease.expires_at or NEVER
-
-    def __contains__(self, uuid: object) -> bool:
-        """Kept with no end, or kept at all (for callers that cannot backfill)."""
-        return uuid in self._until
