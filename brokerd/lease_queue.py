@@ -55,17 +55,14 @@ class QueueSide:
 
         return Reservations(self.leases.values(), now=now, available_at=available_at)
 
-    def _held_back(self: LeaseManager, request: Request, reserved: Reservations) -> bool:
-        """Whether a policy limit holds the request back now (it keeps nothing then); the
-        reason is left on the request for its queue line."""
+    def _limit(self: LeaseManager, request: Request, reserved: Reservations) -> str:
+        """The policy limit that holds the request back now ("" when none does): such a
+        request keeps nothing for itself."""
         if not (request.limits.max_devices or request.limits.max_device_hours):
-            request.reason = ""
-            return False  # the common case, on every request of every pump: no work
+            return ""  # the common case, on every request of every pump: no work
         now = self._clock()
-        request.reason = limit_reason(
-            request, reserved, self.devices,
-            lambda uid, window: self.usage.in_window(uid, now, window, self.leases.values()))
-        return bool(request.reason)
+        return limit_reason(request, reserved, self.devices,
+                            lambda uid, window: self.usage.in_window(uid, now, window, self.leases.values()))
 
     def cancel(self: LeaseManager, request_id: str) -> bool:
         for i, request in enumerate(self.queue):
@@ -94,7 +91,9 @@ class QueueSide:
                     request.reason = wait_reason(request, reserved, [], others)
                 users_ahead.add(request.holder.uid)
                 continue
-            if self._held_back(request, reserved):
+            held_back = self._limit(request, reserved)
+            if held_back:
+                request.reason = held_back
                 waiting.append(request)
                 continue
             lease = self._try_grant(request, reserved)

@@ -184,9 +184,10 @@ class LeaseManager(QueueSide):
         # full host (hundreds waiting) a newcomer then costs no pass over the queue.
         if sum(1 for d in self._free() if d.uuid in eligible) >= requirement.gpus:
             for ahead in order[:order.index(request)]:
-                if not self._held_back(ahead, reserved):
+                if not self._limit(ahead, reserved):  # their reasons stay the last pump's
                     reserved.add(ahead)
-        if not self._held_back(request, reserved):
+        request.reason = self._limit(request, reserved)
+        if not request.reason:
             lease = self._try_grant(request, reserved)
             if lease is not None:
                 return lease

@@ -63,7 +63,8 @@ def wait_reason(request: Request, reserved: Reservations, free: list[Device], us
         until = min(reserved.kept_until(d.uuid) or NEVER for d in kept)
         if until != NEVER:
             window = max(0.0, until - reserved.now)
-            at = time.strftime("%H:%M", time.localtime(until))
+            same_day = time.localtime(until)[:3] == time.localtime(reserved.now)[:3]
+            at = time.strftime("%H:%M" if same_day else "%a %H:%M", time.localtime(until))
             return (f"backfill window: free devices are kept for a request ahead that starts by {at}; "
                     f"with --time under {format_duration(window)} this would start now")
         return f"fair share, {users_ahead} user{'s' if users_ahead != 1 else ''} ahead"

@@ -221,3 +221,16 @@ def test_use_is_kept_for_the_longest_window_any_policy_table_asks_for():
     assert book.in_window(ALICE.uid, now, 7 * 24 * HOUR) == 0.0
     assert book.in_window(ALICE.uid, now, 14 * 24 * HOUR) == pytest.approx(2.0)  # not forgotten by the 7-day ask
     assert book.recent(ALICE.uid, now) < 2.0 * 0.5 ** (9 * 24)  # ten days at a 1 h half-life: all but gone
+
+
+def test_a_newcomer_leaves_the_reasons_of_the_requests_ahead_as_they_were():
+    # The queue line of a waiter says why it waits; a newcomer's look at what the requests
+    # ahead keep must not wipe that (it did: the demo's students saw bare "position 1 of 3").
+    m, _ = manager(2)
+    granted(m.submit(CAROL, Requirement(1), wait=False, ask=Ask(time_limit_s=HOUR)))
+    ahead = queued(m.submit(ALICE, Requirement(2), wait=True, ask=Ask(time_limit_s=HOUR)))
+    reason = ahead.reason
+    assert reason
+    newcomer = queued(m.submit(BOB, Requirement(1), wait=True))  # no time limit: may not backfill
+    assert ahead.reason == reason
+    assert newcomer.reason.startswith("backfill window: free devices are kept for a request ahead"), newcomer.reason
