@@ -170,7 +170,7 @@ class CheckLine(_message.Message):
     def __init__(self, level: _Optional[str] = ..., name: _Optional[str] = ..., message: _Optional[str] = ..., device_uuid: _Optional[str] = ..., suggestion: _Optional[str] = ...) -> None: ...
 
 class Lease(_message.Message):
-    __slots__ = ("id", "backend", "devices", "holder", "granted_at", "expires_at", "heartbeat_interval_s", "ttl_s", "state", "end_reason", "allocator_config", "memory_cap_mib", "warnings", "member_pids", "simulated", "accelerator_config_yaml", "ended_at", "reservation", "requested_at", "notice", "time_limit_s")
+    __slots__ = ("id", "backend", "devices", "holder", "granted_at", "expires_at", "heartbeat_interval_s", "ttl_s", "state", "end_reason", "allocator_config", "memory_cap_mib", "warnings", "member_pids", "simulated", "accelerator_config_yaml", "ended_at", "reservation", "requested_at", "notice", "time_limit_s", "slurm_job_id")
     ID_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
@@ -192,6 +192,7 @@ class Lease(_message.Message):
     REQUESTED_AT_FIELD_NUMBER: _ClassVar[int]
     NOTICE_FIELD_NUMBER: _ClassVar[int]
     TIME_LIMIT_S_FIELD_NUMBER: _ClassVar[int]
+    SLURM_JOB_ID_FIELD_NUMBER: _ClassVar[int]
     id: str
     backend: str
     devices: _containers.RepeatedCompositeFieldContainer[Device]
@@ -213,7 +214,8 @@ class Lease(_message.Message):
     requested_at: float
     notice: str
     time_limit_s: float
-    def __init__(self, id: _Optional[str] = ..., backend: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ..., granted_at: _Optional[float] = ..., expires_at: _Optional[float] = ..., heartbeat_interval_s: _Optional[float] = ..., ttl_s: _Optional[float] = ..., state: _Optional[str] = ..., end_reason: _Optional[str] = ..., allocator_config: _Optional[str] = ..., memory_cap_mib: _Optional[int] = ..., warnings: _Optional[_Iterable[_Union[CheckLine, _Mapping]]] = ..., member_pids: _Optional[_Iterable[int]] = ..., simulated: _Optional[bool] = ..., accelerator_config_yaml: _Optional[str] = ..., ended_at: _Optional[float] = ..., reservation: _Optional[bool] = ..., requested_at: _Optional[float] = ..., notice: _Optional[str] = ..., time_limit_s: _Optional[float] = ...) -> None: ...
+    slurm_job_id: int
+    def __init__(self, id: _Optional[str] = ..., backend: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ..., granted_at: _Optional[float] = ..., expires_at: _Optional[float] = ..., heartbeat_interval_s: _Optional[float] = ..., ttl_s: _Optional[float] = ..., state: _Optional[str] = ..., end_reason: _Optional[str] = ..., allocator_config: _Optional[str] = ..., memory_cap_mib: _Optional[int] = ..., warnings: _Optional[_Iterable[_Union[CheckLine, _Mapping]]] = ..., member_pids: _Optional[_Iterable[int]] = ..., simulated: _Optional[bool] = ..., accelerator_config_yaml: _Optional[str] = ..., ended_at: _Optional[float] = ..., reservation: _Optional[bool] = ..., requested_at: _Optional[float] = ..., notice: _Optional[str] = ..., time_limit_s: _Optional[float] = ..., slurm_job_id: _Optional[int] = ...) -> None: ...
 
 class AcquireUpdate(_message.Message):
     __slots__ = ("queued", "granted")
@@ -278,7 +280,7 @@ class DrainRequest(_message.Message):
     def __init__(self, device: _Optional[str] = ..., undo: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class QueueEntry(_message.Message):
-    __slots__ = ("request_id", "requester", "gpus", "min_memory_mib", "since", "position", "reason", "time_limit_s", "devices")
+    __slots__ = ("request_id", "requester", "gpus", "min_memory_mib", "since", "position", "reason", "time_limit_s", "devices", "slurm_job_id")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     REQUESTER_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -288,6 +290,7 @@ class QueueEntry(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     TIME_LIMIT_S_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
+    SLURM_JOB_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     requester: Holder
     gpus: int
@@ -297,7 +300,8 @@ class QueueEntry(_message.Message):
     reason: str
     time_limit_s: float
     devices: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, request_id: _Optional[str] = ..., requester: _Optional[_Union[Holder, _Mapping]] = ..., gpus: _Optional[int] = ..., min_memory_mib: _Optional[int] = ..., since: _Optional[float] = ..., position: _Optional[int] = ..., reason: _Optional[str] = ..., time_limit_s: _Optional[float] = ..., devices: _Optional[_Iterable[str]] = ...) -> None: ...
+    slurm_job_id: int
+    def __init__(self, request_id: _Optional[str] = ..., requester: _Optional[_Union[Holder, _Mapping]] = ..., gpus: _Optional[int] = ..., min_memory_mib: _Optional[int] = ..., since: _Optional[float] = ..., position: _Optional[int] = ..., reason: _Optional[str] = ..., time_limit_s: _Optional[float] = ..., devices: _Optional[_Iterable[str]] = ..., slurm_job_id: _Optional[int] = ...) -> None: ...
 
 class GpuProcess(_message.Message):
     __slots__ = ("pid", "uid", "user", "command", "used_memory_mib", "device_uuid", "lease_id")
@@ -328,7 +332,7 @@ class ProbeVerdict(_message.Message):
     def __init__(self, vendor: _Optional[str] = ..., available: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("hostname", "devices", "queue", "unleased_processes", "probes", "version", "simulated", "enforcement", "usage")
+    __slots__ = ("hostname", "devices", "queue", "unleased_processes", "probes", "version", "simulated", "enforcement", "usage", "slurm_mode")
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
@@ -338,6 +342,7 @@ class StatusReply(_message.Message):
     SIMULATED_FIELD_NUMBER: _ClassVar[int]
     ENFORCEMENT_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
+    SLURM_MODE_FIELD_NUMBER: _ClassVar[int]
     hostname: str
     devices: _containers.RepeatedCompositeFieldContainer[Device]
     queue: _containers.RepeatedCompositeFieldContainer[QueueEntry]
@@ -347,7 +352,8 @@ class StatusReply(_message.Message):
     simulated: bool
     enforcement: str
     usage: _containers.RepeatedCompositeFieldContainer[UserUsage]
-    def __init__(self, hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., queue: _Optional[_Iterable[_Union[QueueEntry, _Mapping]]] = ..., unleased_processes: _Optional[_Iterable[_Union[GpuProcess, _Mapping]]] = ..., probes: _Optional[_Iterable[_Union[ProbeVerdict, _Mapping]]] = ..., version: _Optional[str] = ..., simulated: _Optional[bool] = ..., enforcement: _Optional[str] = ..., usage: _Optional[_Iterable[_Union[UserUsage, _Mapping]]] = ...) -> None: ...
+    slurm_mode: str
+    def __init__(self, hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., queue: _Optional[_Iterable[_Union[QueueEntry, _Mapping]]] = ..., unleased_processes: _Optional[_Iterable[_Union[GpuProcess, _Mapping]]] = ..., probes: _Optional[_Iterable[_Union[ProbeVerdict, _Mapping]]] = ..., version: _Optional[str] = ..., simulated: _Optional[bool] = ..., enforcement: _Optional[str] = ..., usage: _Optional[_Iterable[_Union[UserUsage, _Mapping]]] = ..., slurm_mode: _Optional[str] = ...) -> None: ...
 
 class UserUsage(_message.Message):
     __slots__ = ("user", "uid", "policy", "devices_held", "max_devices", "waiting", "max_waiting", "device_hours", "max_device_hours", "window_s", "fair_usage")

@@ -39,6 +39,11 @@ class BrokerStub:
                 request_serializer=vaccel_dot_v1_dot_broker__pb2.AcquireRequest.SerializeToString,
                 response_deserializer=vaccel_dot_v1_dot_broker__pb2.AcquireUpdate.FromString,
                 _registered_method=True)
+        self.TryAcquire = channel.unary_unary(
+                '/vaccel.v1.Broker/TryAcquire',
+                request_serializer=vaccel_dot_v1_dot_broker__pb2.AcquireRequest.SerializeToString,
+                response_deserializer=vaccel_dot_v1_dot_broker__pb2.AcquireUpdate.FromString,
+                _registered_method=True)
         self.Heartbeat = channel.unary_unary(
                 '/vaccel.v1.Broker/Heartbeat',
                 request_serializer=vaccel_dot_v1_dot_broker__pb2.LeaseRef.SerializeToString,
@@ -93,6 +98,15 @@ class BrokerServicer:
         """Ask for devices. The stream sends Queued updates while the request waits
         (position, who holds what) and ends with exactly one Granted lease.
         Cancelling the call (Ctrl-C, process death) removes the request from the queue.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TryAcquire(self, request, context):
+        """The fast path for a request the broker can grant at once: one unary call that
+        answers Granted, or Queued (position, who holds what) without queueing anything;
+        the client then waits with Acquire. A unary call costs about half a stream.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -170,6 +184,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     request_deserializer=vaccel_dot_v1_dot_broker__pb2.AcquireRequest.FromString,
                     response_serializer=vaccel_dot_v1_dot_broker__pb2.AcquireUpdate.SerializeToString,
             ),
+            'TryAcquire': grpc.unary_unary_rpc_method_handler(
+                    servicer.TryAcquire,
+                    request_deserializer=vaccel_dot_v1_dot_broker__pb2.AcquireRequest.FromString,
+                    response_serializer=vaccel_dot_v1_dot_broker__pb2.AcquireUpdate.SerializeToString,
+            ),
             'Heartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.Heartbeat,
                     request_deserializer=vaccel_dot_v1_dot_broker__pb2.LeaseRef.FromString,
@@ -241,6 +260,33 @@ class Broker:
             request,
             target,
             '/vaccel.v1.Broker/Acquire',
+            vaccel_dot_v1_dot_broker__pb2.AcquireRequest.SerializeToString,
+            vaccel_dot_v1_dot_broker__pb2.AcquireUpdate.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TryAcquire(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vaccel.v1.Broker/TryAcquire',
             vaccel_dot_v1_dot_broker__pb2.AcquireRequest.SerializeToString,
             vaccel_dot_v1_dot_broker__pb2.AcquireUpdate.FromString,
             options,
