@@ -12,7 +12,8 @@ training scripts would, instead of fighting over one interpreter lock.
 
 - echo: a minimal grpc.aio server (bytes in, bytes out, no protoc), one unary call per op.
 - broker: `python -m brokerd.main` on 64 simulated devices, so 32 clients never queue;
-  one op is Acquire (the stream until Granted, then drained to its end) plus Release.
+  one op is an acquire as the client library makes it (vaccel/acquisition.py: the unary
+  TryAcquire, granted at once here) plus Release.
   Its latency figure is the acquire alone; its rate is acquire+release cycles.
 
 The issue's goals: acquire p50 at most 2x the echo p50; at least 1,000 acquire+release
@@ -43,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from vaccel.acquisition import Acquisition
 from vaccel.connection import BrokerConnection
 
 if __package__ in (None, ""):  # run as a script (python bench/leases.py): make `bench` importable
@@ -165,21 +167,17 @@ def _echo_op(path: str) -> Callable[[], float]:
 
 
 def _broker_op(path: str) -> Callable[[], float]:
-    """Acquire one device then release it; returns the acquire latency (up to Granted)."""
+    """Acquire one device then release it, the way the client library asks (the unary
+    TryAcquire when devices are free, the stream when it must wait); returns the acquire
+    latency (up to the grant)."""
     connection = BrokerConnection(path)
-    request = pb.AcquireRequest(gpus=1, wait_forever=True)
+    request = pb.AcquireRequest(gpus=1, wait_forever=True, command="bench")  # as a client says
 
     def op() -> float:
         start = time.monotonic()
-        latency, lease_id = 0.0, ""
-        # Read the stream to its end rather than leaving at Granted: a call dropped while
-        # still open is cancelled by grpc, which the broker takes as "client left".
-        for update in connection.stream("Acquire", request, timeout=30):
-            if update.HasField("granted"):
-                latency, lease_id = time.monotonic() - start, update.granted.id
-        if not lease_id:
-            raise BenchError("the Acquire stream ended without a grant")
-        connection.call("Release", pb.ReleaseRequest(lease_id=lease_id), timeout=30)
+        lease = Acquisition(connection, request, None, lambda _line: None).run()
+        latency = time.monotonic() - start
+        connection.call("Release", pb.ReleaseRequest(lease_id=lease.id), timeout=30)
         return latency
 
     return op

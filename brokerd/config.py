@@ -46,6 +46,7 @@ class Config:
     memory_cap_mib: int = 0  # per-process cap applied to every lease, 0 = none
     token_ttl_s: float = 600.0
     log_level: str = "info"
+    durability: str = "crash"  # crash | power: how far a commit goes before replying (brokerd/store.py)
     enforce_mode: str = "off"  # off | acl: device nodes open only for the lease holder (brokerd/enforce/)
     enforce_grace_s: float = 10.0  # SIGTERM -> SIGKILL for what still holds a node after its lease
     web_listen: str = ""  # host:port of the read-only dashboard (brokerd/web), "" = none
@@ -104,6 +105,7 @@ _KEYS: dict[str, tuple[str, Any]] = {
     "server.inventory": ("inventory", Path),
     "server.admin_group": ("admin_group", str),
     "server.log_level": ("log_level", str),
+    "server.durability": ("durability", str),
     "leases.heartbeat_ttl": ("heartbeat_ttl_s", parse_duration),
     "leases.max_duration": ("max_lease_duration_s", parse_duration),
     "leases.token_ttl": ("token_ttl_s", parse_duration),
@@ -159,6 +161,9 @@ def _validate(config: Config) -> Config:
             grp.getgrnam(config.socket_group)
         except KeyError:
             raise ConfigError(f"{where}: server.socket_group {config.socket_group!r} does not exist") from None
+    if config.durability not in ("crash", "power"):
+        raise ConfigError(f"{where}: server.durability must be 'crash' (survives the daemon's crash, the "
+                          "default) or 'power' (every commit fsync'd: survives a power loss)")
     if config.log_level not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"{where}: server.log_level must be debug, info, warning or error")
     if config.enforce_mode not in ("off", "acl"):

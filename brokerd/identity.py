@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from brokerd.process import Identity
+from brokerd.process import Identity, ProcessId
 from brokerd.procinfo import process_info, start_time
 from brokerd.state_dir import read_private, write_private
 
@@ -75,6 +75,9 @@ class TokenAuthority:
         self.ttl_s = ttl_s
         self._started_at = started_at
         self._cache: dict[str, tuple[Identity, float]] = {}
+        # The service's pidfd watch (brokerd/liveness.py) answers for the processes it
+        # watches without a read of /proc: None = not watched, look.
+        self.alive: Callable[[ProcessId], bool | None] = lambda _process: None
 
     def mint(self, identity: Identity, now: float | None = None) -> tuple[str, float]:
         expires = (time.time() if now is None else now) + self.ttl_s
@@ -112,7 +115,8 @@ class TokenAuthority:
             self._cache[token] = (identity, expires)
         if expires < now:
             raise TokenError("identity token expired; the client renews it by reconnecting")
-        if self._started_at(identity.pid) != identity.start_time:
+        alive = self.alive(identity.process)
+        if not alive and (alive is False or self._started_at(identity.pid) != identity.start_time):
             raise TokenError("identity token of a process that has exited; each process gets its own")
         return identity
 

@@ -117,7 +117,7 @@ class Daemon:
         # Everything that can refuse to start comes before the state is touched.
         _prepare_socket(config.socket)
         authority = TokenAuthority(load_or_create_key(config.state_dir), config.token_ttl_s)
-        store = LeaseStore(config.state_dir)
+        store = LeaseStore(config.state_dir, config.durability)
         try:
             active, ended, drained = store.open()
             queued = store.queued()
@@ -135,6 +135,7 @@ class Daemon:
         service = BrokerService(config, store, snapshot, refresh=source)
         service.hooks.extend(addons.lease_hooks(config, service))
         service.restore(active, ended, drained)
+        authority.alive = service.process_alive  # a watched process's pidfd answers, not /proc
         service.restore_queue(queued, rebuild_request)
 
         # Before the extra servers: the dashboard chains its live updates onto this one.
@@ -206,6 +207,7 @@ class Daemon:
             new = dataclasses.replace(new, **{k: getattr(self.config, k) for k in immovable})
             self.config = new
             service.reconfigure(new)
+            service.store.fsync_all = new.durability == "power"
             setup_logging(new.log_level)
             if immovable:
                 log_event("reload", f"configuration partly reloaded from {new.source}: "

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Hashable
+from typing import Any
 
 from brokerd.accounting import Accounting
 from brokerd.config import Config
@@ -24,12 +25,12 @@ from brokerd.idle import IdleWatch
 from brokerd.inventory_watch import UnleasedSignaller, probe_forever
 from brokerd.journal import log_event
 from brokerd.lease_hooks import LeaseHook
-from brokerd.lease_model import HOLDER_EXITED, LOST, RELEASED, Ask, Lease, LeaseTerms
+from brokerd.lease_model import HOLDER_EXITED, LOST, RELEASED, Ask, Lease, LeaseTerms, Request
 from brokerd.leases import LeaseManager
 from brokerd.liveness import ProcessWatcher
 from brokerd.occupancy import Occupancy
 from brokerd.permissions import Action, Permissions
-from brokerd.process import Identity, ProcessId
+from brokerd.process import Holder, Identity, ProcessId
 from brokerd.queue_record import WaitRecord, WaitRecords
 from brokerd.queueing import LEFT, DurableQueue
 from brokerd.reaper import reap_after_end
@@ -160,24 +161,16 @@ class BrokerService(DurableQueue, Governance, Timers):
         wait: bool,
         max_wait_s: float | None,
         command: str = "",
-        accelerator_config_yaml: str = "",
-        cache_key: Hashable | None = None,
         key: str = "",
         spec: bytes = b"",
-        time_limit_s: float = 0.0,
-        devices: tuple[str, ...] = (),
-        reservation: bool = False,
+        **asked: Any,
     ) -> AsyncIterator[QueuedUpdate | Lease]:
         """Yield QueuedUpdate while waiting, then the granted Lease (already durable).
         Leaving the iteration early (the client cancelled) removes the request. `key` is
         the client's name for the request: the same process asking again under it (its
         stream broke, the broker restarted) takes up its old place. `spec` is what the
-        store keeps to rebuild the request after a restart."""
-        assert self._watcher is not None
-        self.permissions.require(Action.ACQUIRE, identity)
-        holder = self.users.holder(identity, command)
-        if not self._watcher.watch(holder.process):
-            raise LeaseError(f"process {holder.pid} exited before its request was handled")
+        store keeps to rebuild the request after a restart. `asked` is `_submit`'s."""
+        holder = self._admit(identity, command)
         record = self.records.find(key, identity)
         resumed = self._resume(record) if record is not None else None
         if resumed is not None:
@@ -187,27 +180,7 @@ class BrokerService(DurableQueue, Governance, Timers):
             finally:
                 await resumed.aclose()
             return
-        terms = LeaseTerms(
-            allocator_config=self.config.allocator_config,
-            memory_cap_mib=self.config.memory_cap_mib,
-            accelerator_config_yaml=accelerator_config_yaml,
-        )
-        try:
-            limits = self.config.policy.for_user(holder.user, holder.gid)
-            ask = Ask(self._time_limit(limits, time_limit_s),
-                      tuple(find_device(self.manager, name).uuid for name in devices), reservation)
-            waiting = sum(1 for r in self.manager.queue if r.holder.uid == holder.uid)
-            cap = min(limits.max_waiting or MAX_QUEUED_PER_USER, MAX_QUEUED_PER_USER)
-            if wait and waiting >= cap:
-                raise Busy(f"limit max_waiting={cap} for {limits.name}: {holder.user} already has {waiting} "
-                           "requests waiting; let some finish or cancel them")
-            outcome = self.manager.submit(holder, requirement, wait=wait, terms=terms, cache_key=cache_key,
-                                          ask=ask, limits=limits.user_limits())
-        except LeaseError as exc:
-            log_event("refuse", f"refused {requirement.gpus} device(s) to {holder.user}: {exc}",
-                      user=holder.user, pid=holder.pid, level=logging.INFO)
-            self._forget_if_idle(holder.process)
-            raise
+        outcome = self._submit(holder, requirement, wait=wait, **asked)
         if isinstance(outcome, Lease):
             await self._persist_grant(outcome)
             try:
@@ -231,6 +204,57 @@ class BrokerService(DurableQueue, Governance, Timers):
                 yield item
         finally:
             await waiting.aclose()
+
+    async def acquire_now(self, identity: Identity, requirement: Requirement, *, command: str = "",
+                          key: str = "", **asked: Any) -> Lease:
+        """The unary fast path: the granted Lease (already durable), or Busy when the
+        request would have to wait (nothing is queued; the client then waits with
+        `acquire`). A request that already has a place under `key` is Busy too: its
+        waiter belongs on the stream that resumes it."""
+        holder = self._admit(identity, command)
+        if key and self.records.find(key, identity) is not None:
+            raise Busy("this request already waits in the queue")
+        outcome = self._submit(holder, requirement, wait=False, **asked)
+        assert isinstance(outcome, Lease), "a request that may not wait is granted or refused"
+        await self._persist_grant(outcome)
+        return outcome
+
+    def _admit(self, identity: Identity, command: str) -> Holder:
+        """Who asks, allowed to ask, and watched from now on (its exit ends what it gets)."""
+        assert self._watcher is not None
+        self.permissions.require(Action.ACQUIRE, identity)
+        holder = self.users.holder(identity, command)
+        if not self._watcher.watch(holder.process):
+            raise LeaseError(f"process {holder.pid} exited before its request was handled")
+        return holder
+
+    def _submit(self, holder: Holder, requirement: Requirement, *, wait: bool,
+                accelerator_config_yaml: str = "", cache_key: Hashable | None = None,
+                time_limit_s: float = 0.0, devices: tuple[str, ...] = (),
+                reservation: bool = False) -> Lease | Request:
+        """The manager's decision on a new request: a grant (not yet durable), a queued
+        Request (wait=True), or a refusal (raised, and logged)."""
+        terms = LeaseTerms(
+            allocator_config=self.config.allocator_config,
+            memory_cap_mib=self.config.memory_cap_mib,
+            accelerator_config_yaml=accelerator_config_yaml,
+        )
+        try:
+            limits = self.config.policy.for_user(holder.user, holder.gid)
+            ask = Ask(self._time_limit(limits, time_limit_s),
+                      tuple(find_device(self.manager, name).uuid for name in devices), reservation)
+            waiting = sum(1 for r in self.manager.queue if r.holder.uid == holder.uid)
+            cap = min(limits.max_waiting or MAX_QUEUED_PER_USER, MAX_QUEUED_PER_USER)
+            if wait and waiting >= cap:
+                raise Busy(f"limit max_waiting={cap} for {limits.name}: {holder.user} already has {waiting} "
+                           "requests waiting; let some finish or cancel them")
+            return self.manager.submit(holder, requirement, wait=wait, terms=terms, cache_key=cache_key,
+                                       ask=ask, limits=limits.user_limits())
+        except LeaseError as exc:
+            log_event("refuse", f"refused {requirement.gpus} device(s) to {holder.user}: {exc}",
+                      user=holder.user, pid=holder.pid, level=logging.INFO)
+            self._forget_if_idle(holder.process)
+            raise
 
     # -- lease operations --------------------------------------------------------------
 
@@ -330,7 +354,11 @@ class BrokerService(DurableQueue, Governance, Timers):
     def _forget_if_idle(self, process: ProcessId) -> None:
         """Stop watching a process that holds nothing and waits for nothing."""
         if self._watcher is not None and not self.manager.involves(process):
-            self._watcher.unwatch(process)
+            self._watcher.release(process)
+
+    def process_alive(self, process: ProcessId) -> bool | None:
+        """Whether a process the broker watches still runs; None when it watches it not."""
+        return self._watcher.alive(process) if self._watcher is not None else None
 
     def _process_exited(self, process: ProcessId) -> None:
         ended, dropped = self.manager.process_exited(process)

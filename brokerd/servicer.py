@@ -19,7 +19,7 @@ from brokerd.contract.convert import check_line_to_proto, requirement_from_reque
 from brokerd.contract.spec import ContractError
 from brokerd.devices import Device
 from brokerd.enforce.nodes import gate_problem
-from brokerd.errors import LeaseError, Unsatisfiable
+from brokerd.errors import Busy, LeaseError, Unsatisfiable
 from brokerd.identity import TokenAuthority, TokenError
 from brokerd.lease_model import Lease, heartbeat_interval
 from brokerd.process import Holder, Identity
@@ -138,9 +138,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
 
     # -- RPCs --------------------------------------------------------------------------
 
-    async def Acquire(
-        self, request: pb.AcquireRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.AcquireUpdate]:
+    async def _asked(self, request: pb.AcquireRequest, context: grpc.aio.ServicerContext,
+                     ) -> tuple[Identity, Requirement, dict[str, object]]:
+        """Who asks, for what, and the service's keyword arguments: what Acquire and
+        TryAcquire share."""
         identity = await self._identity(context)
         problem = _validate_acquire(request)
         if problem:
@@ -150,17 +151,23 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                 identity.uid, request, self.service.snapshot.devices)
         except (ContractError, LeaseError) as exc:
             await self._fail(context, exc)
-        wait = request.wait_forever or request.max_wait_seconds > 0
-        max_wait = None if request.wait_forever else request.max_wait_seconds
         # Everything the evaluation depends on, so equal requests share one evaluation.
         cache_key = (request.gpus, request.min_memory_mib, request.runtime_spec_yaml,
                      request.accelerator_config_yaml, request.client.SerializeToString(deterministic=True))
-        updates = self.service.acquire(
-            identity, requirement, wait=wait, max_wait_s=max_wait, command=request.command[:200],
-            accelerator_config_yaml=request.accelerator_config_yaml, cache_key=cache_key,
-            key=request.request_key[:64], spec=request.SerializeToString(),
-            time_limit_s=request.time_limit_s, devices=tuple(request.devices), reservation=request.reservation,
-        )
+        asked: dict[str, object] = dict(
+            command=request.command[:200], accelerator_config_yaml=request.accelerator_config_yaml,
+            cache_key=cache_key, key=request.request_key[:64], time_limit_s=request.time_limit_s,
+            devices=tuple(request.devices), reservation=request.reservation)
+        return identity, requirement, asked
+
+    async def Acquire(
+        self, request: pb.AcquireRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.AcquireUpdate]:
+        identity, requirement, asked = await self._asked(request, context)
+        wait = request.wait_forever or request.max_wait_seconds > 0
+        max_wait = None if request.wait_forever else request.max_wait_seconds
+        updates = self.service.acquire(identity, requirement, wait=wait, max_wait_s=max_wait,
+                                       spec=request.SerializeToString(), **asked)  # type: ignore[arg-type]
         try:
             async for update in updates:
                 if isinstance(update, QueuedUpdate):
@@ -173,6 +180,21 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             await self._fail(context, exc)
         finally:
             await updates.aclose()
+
+    async def TryAcquire(self, request: pb.AcquireRequest, context: grpc.aio.ServicerContext) -> pb.AcquireUpdate:
+        """Granted now, or Queued(position=0) when it would wait (queued nowhere: the client
+        waits with Acquire). A request that may not wait hears Busy as on the stream."""
+        identity, requirement, asked = await self._asked(request, context)
+        may_wait = request.wait_forever or request.max_wait_seconds > 0
+        try:
+            lease = await self.service.acquire_now(identity, requirement, **asked)  # type: ignore[arg-type]
+        except Busy as exc:
+            if may_wait:
+                return pb.AcquireUpdate(queued=pb.Queued(message=str(exc)))
+            await self._fail(context, exc)
+        except (LeaseError, ContractError) as exc:
+            await self._fail(context, exc)
+        return pb.AcquireUpdate(granted=self.lease_pb(lease))
 
     async def Heartbeat(self, request: pb.LeaseRef, context: grpc.aio.ServicerContext) -> pb.HeartbeatReply:
         identity = await self._identity(context)

@@ -1,9 +1,16 @@
-"""Durable lease state: SQLite in WAL mode with synchronous=FULL commits.
+"""Durable lease state: SQLite in WAL mode.
 
-A grant or release is committed (fsync'd) before the client hears of it. Commits run on
-one writer thread, never on the event loop; writes that arrive while a commit is in
-flight are grouped into the next transaction (group commit), so 32 clients cost about
-one fsync per batch rather than one each.
+A grant or release is committed before the client hears of it. Commits run on one writer
+thread, never on the event loop; writes that arrive while a commit is in flight are
+grouped into the next transaction (group commit).
+
+How far a commit goes (docs/durability.md has the argument and the measurements):
+- durability = "crash" (the default): WAL with synchronous=NORMAL. A commit has been
+  written to the WAL file (the kernel's page cache) before the client hears of it, so the
+  daemon's crash or `kill -9` loses nothing; only the host losing power can lose the last
+  commits, and then every holder process died with the host anyway. What is not tied to
+  a process outlives that: reservations (their grant and end) and drains are fsync'd.
+- durability = "power": every commit is fsync'd (synchronous=FULL).
 
 The `holdings` table has the device uuid as its primary key, so the database itself
 refuses a second live lease on a device even if the manager had a bug. The wait queue is
@@ -87,6 +94,16 @@ class StateError(Exception):
 
 
 Op = Callable[[sqlite3.Connection], None]
+DURABILITY = ("crash", "power")
+
+
+class _Write:
+    """One write for the writer thread; `fsync` when it must outlive a power loss."""
+
+    __slots__ = ("fsync", "future", "op")
+
+    def __init__(self, op: Op, future: asyncio.Future[None], fsync: bool) -> None:
+        self.op, self.future, self.fsync = op, future, fsync
 
 
 def _lease_row(lease: Lease) -> tuple:
@@ -125,10 +142,14 @@ def _lease_from_row(row: sqlite3.Row) -> Lease:
 
 
 class LeaseStore:
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, durability: str = "crash") -> None:
+        if durability not in DURABILITY:
+            raise ValueError(f"durability must be one of {', '.join(DURABILITY)}, got {durability!r}")
         self.path = Path(state_dir) / DB_NAME
+        self.fsync_all = durability == "power"
+        self._synced = True  # the connection's synchronous level is FULL (as opened)
         self._conn: sqlite3.Connection | None = None
-        self._ops: queue.SimpleQueue[tuple[Op, asyncio.Future[None]] | None] = queue.SimpleQueue()
+        self._ops: queue.SimpleQueue[_Write | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self.commits = 0  # transactions committed, for the benchmark's batching figure
 
@@ -229,12 +250,12 @@ class LeaseStore:
 
     # -- writes (async API, committed on the writer thread) -----------------------------
 
-    def _submit(self, op: Op) -> asyncio.Future[None]:
+    def _submit(self, op: Op, *, fsync: bool = False) -> asyncio.Future[None]:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if self._thread is None:  # closed (shutting down): say so rather than never answer
             future.set_exception(StateError("the lease database is closed"))
         else:
-            self._ops.put((op, future))
+            self._ops.put(_Write(op, future, fsync or self.fsync_all))
         return future
 
     def save_grant(self, lease: Lease, request_id: str = "") -> asyncio.Future[None]:
@@ -249,7 +270,7 @@ class LeaseStore:
             if request_id:
                 conn.execute("UPDATE queue SET lease_id=? WHERE id=?", (lease.id, request_id))
 
-        return self._submit(op)
+        return self._submit(op, fsync=lease.reservation)
 
     def save_end(self, lease: Lease) -> asyncio.Future[None]:
         args = (lease.state, lease.ended_at, lease.end_reason, lease.id)
@@ -259,7 +280,7 @@ class LeaseStore:
             conn.execute("UPDATE leases SET state=?, ended_at=?, end_reason=? WHERE id=?", args)
             conn.execute("DELETE FROM queue WHERE lease_id=?", (lease.id,))
 
-        return self._submit(op)
+        return self._submit(op, fsync=lease.reservation)
 
     def save_ending(self, lease: Lease) -> asyncio.Future[None]:
         """The lease now ends early at its expires_at, for the reason in its notice."""
@@ -268,7 +289,7 @@ class LeaseStore:
         def op(conn: sqlite3.Connection) -> None:
             conn.execute("UPDATE leases SET expires_at=?, notice=?, ending_state=? WHERE id=?", args)
 
-        return self._submit(op)
+        return self._submit(op, fsync=lease.reservation)
 
     def save_members(self, lease: Lease) -> asyncio.Future[None]:
         args = (json.dumps(sorted(lease.members)), lease.id)
@@ -323,7 +344,7 @@ class LeaseStore:
             else:
                 conn.execute("INSERT OR REPLACE INTO drained VALUES (?, ?)", (uuid, reason))
 
-        return self._submit(op)
+        return self._submit(op, fsync=True)
 
     def _writer(self) -> None:
         try:
@@ -351,9 +372,12 @@ class LeaseStore:
                 batch.append(more)
             self._run_batch(batch)
 
-    def _transaction(self, ops: list[Op]) -> None:
+    def _transaction(self, ops: list[Op], fsync: bool) -> None:
         conn = self._conn
         assert conn is not None
+        if fsync != self._synced:  # a pragma, not a statement: set outside the transaction
+            conn.execute(f"PRAGMA synchronous={'FULL' if fsync else 'NORMAL'}")
+            self._synced = fsync
         conn.execute("BEGIN IMMEDIATE")
         try:
             for op in ops:
@@ -365,24 +389,24 @@ class LeaseStore:
             raise
         self.commits += 1
 
-    def _run_batch(self, batch: list[tuple[Op, asyncio.Future[None]]]) -> None:
+    def _run_batch(self, batch: list[_Write]) -> None:
         try:
-            self._transaction([op for op, _ in batch])
+            self._transaction([w.op for w in batch], any(w.fsync for w in batch))
         except Exception:
             pass
         else:
-            for _, future in batch:
-                _resolve(future, None)
+            for write in batch:
+                _resolve(write.future, None)
             return
         # Something in the batch failed: commit one by one so only the culprit fails.
-        for op, future in batch:
+        for write in batch:
             try:
-                self._transaction([op])
+                self._transaction([write.op], write.fsync)
             except Exception as exc:
                 log.error("lease database write failed: %s", exc)
-                _resolve(future, exc)
+                _resolve(write.future, exc)
             else:
-                _resolve(future, None)
+                _resolve(write.future, None)
 
     def close(self) -> None:
         if self._thread is not None:

@@ -19,8 +19,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import sys
-from collections.abc import Callable, Iterable
-from typing import TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from brokerd.contract import Requirement, evaluate
 from brokerd.contract.convert import requirement_from_request
@@ -28,6 +28,8 @@ from brokerd.devices import Device
 from brokerd.errors import Busy
 
 T = TypeVar("T")
+_KNOWN_MAX = 32  # requirements remembered; a flood of distinct ones just starts over
+_KNOWN_INPUT_MAX = 64 * 1024  # and only those made from this much input at most: bounded memory
 
 
 class WorkGuard:
@@ -39,6 +41,11 @@ class WorkGuard:
         self._admitted: dict[int, int] = {}  # uid -> calls running or waiting for a slot
         self._running: dict[int, int] = {}  # uid -> calls whose thread work is not finished
         self._freed = asyncio.Condition()
+        # Parsed-and-evaluated requirements by everything they depend on, for the devices
+        # they were evaluated against: a training script asks the same thing every time,
+        # and evaluating 64 devices was the largest cost of an acquire on a large host.
+        self._known: dict[tuple[object, ...], Requirement] = {}
+        self._known_devices: object = None
         # The loop thread waits up to one switch interval for the GIL each time it wakes
         # while a contract thread computes; 1 ms instead of 5 keeps its replies prompt.
         sys.setswitchinterval(min(sys.getswitchinterval(), 0.001))
@@ -75,13 +82,22 @@ class WorkGuard:
                 del self._running[uid]
             self._freed.notify_all()
 
-    async def requirement(self, uid: int, request: object, devices: Iterable[Device], *,
+    async def requirement(self, uid: int, request: object, devices: Sequence[Device], *,
                           check: bool = False) -> Requirement:
         """Parse the request's contract files and evaluate them against `devices`, off the
         loop when there is a file to parse (the evaluation is remembered on the result, so
-        the lease manager's and Check's own `evaluate` find it)."""
-        r = request
+        the lease manager's and Check's own `evaluate` find it). An equal request against
+        the same devices (the same `devices` object: the inventory did not change) gets
+        the requirement already made."""
+        r: Any = request
         gpus, memory = (max(r.gpus, 1), max(r.min_memory_mib, 0)) if check else (r.gpus, r.min_memory_mib)
+        key = (gpus, memory, r.runtime_spec_yaml, r.runtime_spec_name, r.accelerator_config_yaml,
+               r.accelerator_config_name, r.client.SerializeToString(deterministic=True))
+        if self._known_devices is not devices:
+            self._known, self._known_devices = {}, devices
+        known = self._known.get(key)
+        if known is not None:
+            return known
         snapshot = list(devices)
 
         def work() -> Requirement:
@@ -92,8 +108,15 @@ class WorkGuard:
             return requirement
 
         if not (r.runtime_spec_yaml or r.accelerator_config_yaml):
-            return work()  # nothing to parse: cheaper than the hop to a thread
-        return await self.run(uid, work)
+            made = work()  # nothing to parse: cheaper than the hop to a thread
+        else:
+            made = await self.run(uid, work)
+        size = len(r.runtime_spec_yaml) + len(r.accelerator_config_yaml) + len(key[-1])
+        if self._known_devices is devices and size <= _KNOWN_INPUT_MAX:  # else the inventory changed
+            if len(self._known) >= _KNOWN_MAX:
+                self._known.clear()
+            self._known[key] = made
+        return made
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -78,9 +78,13 @@ def flood(seconds: float, threads: int) -> dict:
 
     def worker() -> None:
         c = BrokerConnection()
-        request = pb.CheckRequest(runtime_spec_yaml=spec, client=facts)
+        n = 0
         while time.monotonic() < stop:
-            codes[code_of(lambda: c.call("Check", request, timeout=60))] += 1
+            # Each one different: the broker remembers a requirement it has made, so a
+            # flood of one spec repeated would cost it nothing to refuse.
+            n += 1
+            request = pb.CheckRequest(runtime_spec_yaml=f"{spec}\n# {threading.get_ident()} {n}\n", client=facts)
+            codes[code_of(lambda r=request: c.call("Check", r, timeout=60))] += 1
 
     pool = [threading.Thread(target=worker) for _ in range(threads)]
     for t in pool:

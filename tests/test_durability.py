@@ -13,6 +13,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import LAB_INVENTORY, Broker
 from tests.test_broker_integration import leased, status, wait_for
 
@@ -212,3 +214,16 @@ def test_drained_devices_stay_drained_across_restart(start_broker):
     broker.start()
     device = status(broker)["devices"][1]
     assert device["state"] == "drained" and device["drain_reason"] == "replacing fan"
+
+
+def test_the_durability_setting_is_read_and_a_wrong_value_refused(tmp_path: Path):
+    from brokerd.config import ConfigError, load_config
+
+    path = tmp_path / "brokerd.toml"
+    path.write_text("")
+    assert load_config(path).durability == "crash"
+    path.write_text('[server]\ndurability = "power"\n')
+    assert load_config(path).durability == "power"
+    path.write_text('[server]\ndurability = "sometimes"\n')
+    with pytest.raises(ConfigError, match=r"server.durability must be 'crash' .* or 'power'"):
+        load_config(path)

@@ -145,15 +145,54 @@ def test_grants_and_releases_survive_kill9_right_after_their_futures_resolve(tmp
     assert raw(tmp_path, "SELECT device_uuid, lease_id FROM holdings") == [("GPU-0", "l-kept")]
 
 
-def test_the_database_is_in_wal_mode_with_full_synchronous_commits(tmp_path: Path):
-    store = LeaseStore(tmp_path)
-    assert store.open() == ([], [], {})
-    try:
-        gate = WriterGate(store)
-        assert gate.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert gate.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL: fsync at every commit
-    finally:
-        store.close()
+class SyncLevels(WriterGate):
+    """Records the connection's synchronous level at each COMMIT (1 NORMAL, 2 FULL)."""
+
+    def __init__(self, store: LeaseStore) -> None:
+        super().__init__(store)
+        self.levels: list[int] = []
+
+    def execute(self, sql: str, *args: object) -> sqlite3.Cursor:
+        if sql == "COMMIT":
+            self.levels.append(self._conn.execute("PRAGMA synchronous").fetchone()[0])
+        return super().execute(sql, *args)
+
+
+def _commit_levels(tmp_path: Path, durability: str) -> tuple[str, list[int]]:
+    held_by_process = dataclasses.replace(make_lease("l-proc", "GPU-0"), reservation=False)
+    reservation = make_lease("l-res", "GPU-1")  # held by its user: outlives every process
+
+    async def scenario() -> tuple[str, list[int]]:
+        store = LeaseStore(tmp_path, durability)
+        store.open()
+        try:
+            gate = SyncLevels(store)
+            mode = gate.execute("PRAGMA journal_mode").fetchone()[0]
+            for save in (lambda: store.save_grant(held_by_process), lambda: store.save_grant(reservation),
+                         lambda: store.save_end(ended(held_by_process)), lambda: store.save_drain("GPU-2", "x", False),
+                         lambda: store.save_end(ended(reservation))):
+                await save()  # one at a time: each its own transaction
+            return mode, gate.levels
+        finally:
+            store.close()
+
+    return asyncio.run(scenario())
+
+
+def test_by_default_commits_reach_the_wal_and_only_what_outlives_processes_is_fsynced(tmp_path: Path):
+    """durability = "crash": a lease held by a process is written (kill -9 safe, proven by
+    the torture test) but not fsync'd; a reservation's grant and end and a drain are."""
+    mode, levels = _commit_levels(tmp_path, "crash")
+    assert mode == "wal"
+    assert levels == [1, 2, 1, 2, 2]  # proc grant, reservation grant, proc end, drain, reservation end
+
+
+def test_durability_power_fsyncs_every_commit(tmp_path: Path):
+    mode, levels = _commit_levels(tmp_path, "power")
+    assert mode == "wal"
+    assert levels == [2, 2, 2, 2, 2]
+    with pytest.raises(ValueError, match="durability"):
+        LeaseStore(tmp_path, "sometimes")
     assert raw(tmp_path, "SELECT value FROM meta WHERE key='schema_version'") == [(str(SCHEMA_VERSION),)]
 
 

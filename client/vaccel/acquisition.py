@@ -1,5 +1,8 @@
 """One Acquire, from the request to the grant, across broker restarts.
 
+A request the broker can grant at once takes one unary call (TryAcquire); one that must
+wait then opens the Acquire stream, which carries its queue updates.
+
 The request carries a key this client chose, so the broker can match a later ask to it.
 If the broker is down when we first ask, we retry for a few seconds (START_RETRY_S, never
 past our own wait) and say so. If the stream breaks while we wait in the queue (the
@@ -67,6 +70,7 @@ class Acquisition:
         self._queued = False  # the broker has told us our place at least once
         self._back = False  # reconnected after a break: the next place is news to print
         self._answered = False  # the broker answered since the last failure
+        self._tried_now = False  # the unary fast path was asked (once: a waiter streams)
 
     def cancel(self) -> None:
         """Leave the queue; a grant that races the cancel is handed back by the broker."""
@@ -111,6 +115,10 @@ class Acquisition:
                     self.wire.max_wait_seconds = max(self._deadline - time.monotonic(), 0.001)
 
     def _attempt(self) -> pb.Lease:
+        if not self._tried_now:
+            granted = self._try_now()
+            if granted is not None:
+                return granted
         with self._lock:
             if self._cancelled.is_set():
                 raise LeaseError("the request was cancelled", "cancelled")
@@ -128,6 +136,27 @@ class Acquisition:
         finally:
             with self._lock:
                 self._call = None
+
+    def _try_now(self) -> pb.Lease | None:
+        """The fast path: one unary call that is granted at once when devices are free
+        (half the cost of a stream); None when the request must wait on the stream (or the
+        broker predates TryAcquire). Nothing is queued by it, so nothing is left behind."""
+        try:
+            reply = self.connection.call("TryAcquire", self.wire)
+        except grpc.RpcError as exc:
+            self._tried_now = True
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                return None
+            raise refusal(exc) from None
+        self._tried_now = True
+        self._answered = True
+        if not reply.HasField("granted"):
+            return None
+        if self._cancelled.is_set():  # cancelled while the call was in flight: hand it back
+            with contextlib.suppress(grpc.RpcError, BrokerUnavailable):
+                self.connection.call("Release", pb.ReleaseRequest(lease_id=reply.granted.id), timeout=5)
+            raise LeaseError("the request was cancelled", "cancelled")
+        return reply.granted
 
     def _heard(self, queued: pb.Queued) -> bool:
         """Note our place; True when it was reported here (the first one after a break)."""

@@ -1,0 +1,114 @@
+"""The unary fast path (TryAcquire): granted at once when devices are free, "would wait"
+without queueing anything when they are not, the same refusals as the stream; the client
+library takes it first and waits on the stream only when it must."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from tests.conftest import Broker
+from tests.test_broker_integration import status
+
+
+@pytest.fixture
+def connection(broker: Broker):
+    from vaccel.connection import BrokerConnection
+
+    conn = BrokerConnection(broker.socket)
+    yield conn
+    conn.close()
+
+
+def _try(conn, **fields):
+    from vaccel_common.v1 import broker_pb2 as pb
+
+    return conn.call("TryAcquire", pb.AcquireRequest(**fields), timeout=10)
+
+
+def _release(conn, lease_id: str) -> None:
+    from vaccel_common.v1 import broker_pb2 as pb
+
+    conn.call("Release", pb.ReleaseRequest(lease_id=lease_id), timeout=10)
+
+
+def test_a_free_host_grants_in_one_unary_call_and_a_full_one_queues_nothing(broker: Broker, connection):
+    first = _try(connection, gpus=4, wait_forever=True, command="hold all")
+    assert first.HasField("granted") and len(first.granted.devices) == 4
+    assert sorted(d["uuid"] for d in status(broker)["devices"] if d["state"] == "leased") == sorted(
+        d.uuid for d in first.granted.devices)
+
+    would_wait = _try(connection, gpus=1, wait_forever=True, command="later")
+    assert not would_wait.HasField("granted")
+    assert would_wait.queued.position == 0 and "no free device" in would_wait.queued.message
+    assert status(broker)["queue"] == []  # told, not queued: the client waits on the stream
+
+    with pytest.raises(grpc.RpcError) as refused:  # may not wait: refused as the stream would
+        _try(connection, gpus=1, command="now or never")
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    with pytest.raises(grpc.RpcError) as never:
+        _try(connection, gpus=5, wait_forever=True)
+    assert never.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    with pytest.raises(grpc.RpcError) as bad:
+        _try(connection, gpus=0)
+    assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+    _release(connection, first.granted.id)
+    again = _try(connection, gpus=1, wait_forever=True)
+    assert again.HasField("granted")
+    _release(connection, again.granted.id)
+
+
+def test_the_client_waits_on_the_stream_only_when_it_must(broker: Broker, connection):
+    import threading
+
+    from vaccel.acquisition import Acquisition
+
+    from vaccel_common.v1 import broker_pb2 as pb
+
+    held = _try(connection, gpus=4, wait_forever=True).granted
+    lines: list[str] = []
+    got: list[pb.Lease] = []
+    waiter = Acquisition(connection, pb.AcquireRequest(gpus=1, wait_forever=True, command="waiter"),
+                         lines.append, lambda _line: None)
+    thread = threading.Thread(target=lambda: got.append(waiter.run()))
+    thread.start()
+    try:
+        from tests.test_broker_integration import wait_for
+
+        wait_for(lambda: status(broker)["queue"], timeout=30)  # on the stream, in the queue
+        _release(connection, held.id)
+        thread.join(30)
+        assert got and len(got[0].devices) == 1
+        assert lines and "position 1 of 1" in lines[0]  # the stream's queue line, not the fast path's
+    finally:
+        waiter.cancel()
+        thread.join(30)
+    _release(connection, got[0].id)
+
+
+def test_an_equal_request_against_the_same_devices_reuses_the_requirement_made_for_it():
+    import asyncio
+
+    from brokerd.devices import Device
+    from brokerd.work_guard import WorkGuard
+    from vaccel_common.v1 import broker_pb2 as pb
+
+    devices = tuple(Device(i, f"GPU-{i}", "nvidia", "card", 1024, "cuda", "sm_80", simulated=True) for i in range(4))
+    spec = "required_features:\n  - min_memory: 512MiB\n"
+
+    async def scenario() -> None:
+        guard = WorkGuard()
+        try:
+            ask = pb.AcquireRequest(gpus=1, runtime_spec_yaml=spec)
+            first = await guard.requirement(1000, ask, devices)
+            same, more = (pb.AcquireRequest(gpus=n, runtime_spec_yaml=spec) for n in (1, 2))
+            assert await guard.requirement(1001, same, devices) is first  # another user, the same ask
+            assert await guard.requirement(1000, more, devices) is not first
+            assert await guard.requirement(1000, ask, tuple(devices)[:3]) is not first  # the inventory changed
+            large = pb.AcquireRequest(gpus=1, runtime_spec_yaml=spec + "#" * (128 * 1024) + "\n")
+            assert await guard.requirement(1000, large, devices) is not await guard.requirement(1000, large, devices)
+        finally:
+            guard.close()
+
+    asyncio.run(scenario())
