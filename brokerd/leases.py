@@ -358,9 +358,12 @@ class LeaseManager(QueueSide):
 
     def involves(self, process: ProcessId) -> bool:
         """Whether the process holds, has joined or waits for anything."""
-        return (any((lease.holder.process == process and not lease.reservation) or process in lease.members
-                    for lease in self.leases.values())
-                or any(r.holder.process == process for r in self.queue))
+        pid, start = process
+        # Compared field by field: building a ProcessId per lease and request made this
+        # the largest cost of a release on a host with hundreds waiting.
+        return (any((lease.holder.pid == pid and lease.holder.start_time == start and not lease.reservation)
+                    or (lease.members and process in lease.members) for lease in self.leases.values())
+                or any(r.holder.pid == pid and r.holder.start_time == start for r in self.queue))
 
     def end(self, lease_id: str, state: str, reason: str) -> Lease:
         return self._end(self.active(lease_id), state, reason)

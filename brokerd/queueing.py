@@ -139,7 +139,8 @@ class DurableQueue:
                     await asyncio.shield(saved)
                 except Exception as exc:  # CancelledError (the client left) is no Exception: it passes
                     raise Internal(f"the broker could not record the request durably: {exc}") from exc
-            self.waiting.announce(self.manager)
+            self.waiting.tell(self.manager, record.request_id)  # its own place at once
+            self.waiting.announce(self.manager)  # everyone else's total changed
             self.on_change()
             while True:
                 timeout = None if not record.deadline else max(0.0, record.deadline - time.time())

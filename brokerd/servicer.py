@@ -168,11 +168,17 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         max_wait = None if request.wait_forever else request.max_wait_seconds
         updates = self.service.acquire(identity, requirement, wait=wait, max_wait_s=max_wait,
                                        spec=request.SerializeToString(), **asked)  # type: ignore[arg-type]
+        told_held = False
         try:
             async for update in updates:
                 if isinstance(update, QueuedUpdate):
+                    # The held devices go in the first update only: the message names the
+                    # holders after that, and 64 devices in every update to 500 waiters at
+                    # every grant was most of a large host's grant latency.
+                    held = () if told_held else self._held_pb(update.held)
+                    told_held = told_held or bool(held)
                     queued = pb.Queued(position=update.position, total=update.total, message=update.message,
-                                       held=self._held_pb(update.held), request_id=update.request_id)
+                                       held=held, request_id=update.request_id)
                     yield pb.AcquireUpdate(queued=queued)
                 else:
                     yield pb.AcquireUpdate(granted=self.lease_pb(update))

@@ -9,9 +9,11 @@ import asyncio
 from dataclasses import dataclass, field
 
 from brokerd.errors import LeaseError
-from brokerd.lease_model import Lease
+from brokerd.lease_model import Lease, Request
 from brokerd.leases import LeaseManager
 from brokerd.views import DeviceView, device_view
+
+ANNOUNCE_EVERY_S = 0.1  # queue lines are at most this late; a grant is never delayed
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,7 @@ class WaitingRoom:
 
     def __init__(self) -> None:
         self._boxes: dict[str, Mailbox] = {}
+        self._scheduled: asyncio.TimerHandle | None = None
 
     def open(self, request_id: str) -> Mailbox:
         """A mailbox for the request's waiter. A waiter that came back on a new stream
@@ -88,27 +91,41 @@ class WaitingRoom:
 
     def announce(self, manager: LeaseManager) -> None:
         """Tell each waiter whose place in the queue, or whose reason to wait, changed
-        where it stands now."""
-        if not self._boxes:
+        where it stands, within ANNOUNCE_EVERY_S: changes in that time make one pass.
+        On a large host every grant and every newcomer moves every waiter's line, and
+        telling 500 waiters at once delayed the grant itself; a grant, an error and a
+        newcomer's first place (`tell`) are never delayed."""
+        if self._scheduled is None and self._boxes:
+            self._scheduled = asyncio.get_running_loop().call_later(ANNOUNCE_EVERY_S, self._announce_now, manager)
+
+    def tell(self, manager: LeaseManager, request_id: str) -> None:
+        """Tell one waiter where it stands, now (it has just joined, or come back)."""
+        box = self._boxes.get(request_id)
+        place = next((i for i, r in enumerate(manager.queue, start=1) if r.id == request_id), 0)
+        if box is not None and place:
+            self._send(manager, [(place, manager.queue[place - 1], box)])
+
+    def _announce_now(self, manager: LeaseManager) -> None:
+        self._scheduled = None
+        # One pass: asking the manager for each request's place would make this quadratic
+        # in the queue's length.
+        self._send(manager, [(place, request, self._boxes[request.id])
+                             for place, request in enumerate(manager.queue, start=1) if request.id in self._boxes])
+
+    def _send(self, manager: LeaseManager, lines: list[tuple[int, Request, Mailbox]]) -> None:
+        total = len(manager.queue)
+        changed = [(place, r, box) for place, r, box in lines if (place, total, r.reason) != box.last_seen]
+        if not changed:
             return
         devices = manager.devices
         held = tuple(device_view(manager, devices[uuid]) for uuid in manager.owner if uuid in devices)
         summary = manager.holders_summary()
-        total = len(manager.queue)
-        # One pass: asking the manager for each request's place would make this quadratic
-        # in the queue's length, and it runs on every grant and every change of the queue.
-        for place, request in enumerate(manager.queue, start=1):
-            box = self._boxes.get(request.id)
-            if box is None:
-                continue
-            if (place, total, request.reason) == box.last_seen:
-                continue
+        for place, request, box in changed:
             box.last_seen = (place, total, request.reason)
-            position = (place, total)
             n = request.requirement.gpus
             # Say why it waits (the pump left the reason on it): else a student sees
             # "position 1" for ever and does not know a limit or their own lease holds it.
             why = f" ({request.reason})" if request.reason else ""
-            message = (f"waiting for {n} GPU{'s' if n > 1 else ''}: position {position[0]} "
-                       f"of {position[1]}{why}; {summary}")
-            box.items.put_nowait(QueuedUpdate(position[0], position[1], message, held, request.id))
+            message = (f"waiting for {n} GPU{'s' if n > 1 else ''}: position {place} "
+                       f"of {total}{why}; {summary}")
+            box.items.put_nowait(QueuedUpdate(place, total, message, held, request.id))
