@@ -30,6 +30,11 @@ def lease_hooks(config: Config, service: BrokerService) -> list[LeaseHook]:
         from brokerd.enforce.gate import DeviceGate  # the ACL binding is imported only when it is on
 
         hooks.append(DeviceGate(service))
+    if config.slurm_mode == "delegate":  # after the gate: a grant it refuses still cancels the job
+        from brokerd.slurm.delegate import SlurmDelegate
+
+        service.slurm = SlurmDelegate(config, service)
+        hooks.append(service.slurm)
     hooks.extend(_usage_hooks(config, service))
     return hooks
 
@@ -56,6 +61,9 @@ async def start_servers(config: Config, service: BrokerService) -> list[Closer]:
     closers: list[Closer] = []
     closers.extend(hook.close for hook in service.hooks if hook.name == "device gate")  # type: ignore[attr-defined]
     closers.extend(await _start_usage(config, service))
+    if service.slurm is not None:
+        await service.slurm.start()
+        closers.append(service.slurm.close)
     if config.web_listen:
         from brokerd.web.server import Dashboard  # aiohttp is imported only when the dashboard is on
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import grp
 import importlib.util
 import os
+import shutil
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -56,6 +57,11 @@ class Config:
     metrics_listen: str = ""  # host:port of the Prometheus endpoint (brokerd/metrics.py), "" = none
     metrics_job_mapping_dir: Path | None = None  # lease ids per device for dcgm-exporter, None = off
     policy: PolicyConfig = field(default_factory=PolicyConfig)  # [policy]: brokerd/policy_config.py
+    # [slurm] (docs/slurm.md), read at start-up only: "delegate" makes Slurm the allocator
+    slurm_mode: str = "off"  # off | delegate | submit
+    slurm_node: str = ""  # this host's Slurm NodeName, "" = the short hostname
+    slurm_partition: str = ""  # "" = Slurm's default partition
+    slurm_gres: str = "gpu"  # the GRES name the GPUs have in gres.conf
     source: str = "<defaults>"
 
     def admin_gid(self) -> int | None:
@@ -122,6 +128,10 @@ _KEYS: dict[str, tuple[str, Any]] = {
     "accounting.per_user_report": ("accounting_per_user_report", str),
     "metrics.listen": ("metrics_listen", listen_address),
     "metrics.hpc_job_mapping_dir": ("metrics_job_mapping_dir", lambda v: Path(v) if v else None),
+    "slurm.mode": ("slurm_mode", str),
+    "slurm.node": ("slurm_node", str),
+    "slurm.partition": ("slurm_partition", str),
+    "slurm.gres": ("slurm_gres", str),
 }
 
 
@@ -171,6 +181,14 @@ def _validate(config: Config) -> Config:
     if config.enforce_mode == "acl" and importlib.util.find_spec("posix1e") is None:
         raise ConfigError(f"{where}: enforce.mode = \"acl\" needs the pylibacl package: "
                           "pip install 'vaccel[enforce]' (it builds against libacl1-dev)")
+    if config.slurm_mode not in ("off", "delegate", "submit"):
+        raise ConfigError(f"{where}: slurm.mode must be 'off', 'delegate' or 'submit', not {config.slurm_mode!r}")
+    missing = [p for p in ("salloc", "scancel", "scontrol") if shutil.which(p) is None]
+    if config.slurm_mode == "delegate" and missing:
+        raise ConfigError(f"{where}: slurm.mode = \"delegate\" needs Slurm's client programs on PATH; "
+                          f"missing: {', '.join(missing)}")
+    if not config.slurm_gres or any(c in config.slurm_gres for c in ":,= "):
+        raise ConfigError(f"{where}: slurm.gres must be a GRES name as gres.conf gives it, e.g. \"gpu\"")
     return config
 
 

@@ -48,7 +48,10 @@ RESTART_ONLY = {"socket": "server.socket", "state_dir": "server.state_dir", "inv
                 "enforce_mode": "enforce.mode",
                 # Their hook and server exist or not from the start (brokerd/addons.py).
                 "metrics_listen": "metrics.listen", "metrics_job_mapping_dir": "metrics.hpc_job_mapping_dir",
-                "web_listen": "web.listen"}
+                "web_listen": "web.listen",
+                # The delegate (Slurm allocates) is wired in at start-up (brokerd/addons.py).
+                "slurm_mode": "slurm.mode", "slurm_node": "slurm.node", "slurm_partition": "slurm.partition",
+                "slurm_gres": "slurm.gres"}
 
 
 class StartupError(Exception):

@@ -86,6 +86,7 @@ class BrokerService(DurableQueue, Governance, Timers):
         self.idle_watch = IdleWatch()
         self.hooks: list[LeaseHook] = []  # brokerd/lease_hooks.py: gating, accounting, metrics
         self.accounting: Accounting | None = None  # set by brokerd/addons.py: the Report RPC, the dashboard
+        self.slurm: Any = None  # brokerd/slurm SlurmDelegate, set by addons in [slurm] mode = "delegate"
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -171,6 +172,14 @@ class BrokerService(DurableQueue, Governance, Timers):
         stream broke, the broker restarted) takes up its old place. `spec` is what the
         store keeps to rebuild the request after a restart. `asked` is `_submit`'s."""
         holder = self._admit(identity, command)
+        if self.slurm is not None:  # Slurm allocates: the delegate asks it (brokerd/slurm/delegate.py)
+            delegated = self.slurm.acquire(holder, requirement, wait=wait, max_wait_s=max_wait_s, **asked)
+            try:
+                async for item in delegated:
+                    yield item
+            finally:
+                await delegated.aclose()
+            return
         record = self.records.find(key, identity)
         resumed = self._resume(record) if record is not None else None
         if resumed is not None:
@@ -214,6 +223,8 @@ class BrokerService(DurableQueue, Governance, Timers):
         holder = self._admit(identity, command)
         if key and self.records.find(key, identity) is not None:
             raise Busy("this request already waits in the queue")
+        if self.slurm is not None:  # Slurm allocates (brokerd/slurm/delegate.py)
+            return await self.slurm.acquire_now(holder, requirement, **asked)
         outcome = self._submit(holder, requirement, wait=False, **asked)
         assert isinstance(outcome, Lease), "a request that may not wait is granted or refused"
         await self._persist_grant(outcome)

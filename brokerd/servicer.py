@@ -27,6 +27,7 @@ from brokerd.queueing import Rebuilt
 from brokerd.report import BY as REPORT_BY
 from brokerd.report import Report, ReportRow
 from brokerd.service import BrokerService
+from brokerd.slurm.status import add_slurm_status
 from brokerd.views import DeviceView
 from brokerd.waiting import QueuedUpdate
 from brokerd.work_guard import WorkGuard
@@ -118,6 +119,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             reservation=lease.reservation, requested_at=lease.requested_at, notice=lease.notice,
             time_limit_s=lease.time_limit_s,
         )
+        if self.service.slurm is not None:  # delegate mode: the Slurm job behind it
+            msg.slurm_job_id = self.service.slurm.job_id(lease.id)
         msg.holder.CopyFrom(_holder_pb(lease.holder))
         for uuid in lease.devices:
             device = self.service.device(uuid)
@@ -356,6 +359,7 @@ def status_reply(service: BrokerService, identity: Identity) -> pb.StatusReply:
     for verdict in status.probes:
         reply.probes.append(pb.ProbeVerdict(vendor=verdict.vendor, available=verdict.available,
                                             reason=verdict.reason))
+    add_slurm_status(reply, service)  # the mode; in delegate mode Slurm's batch jobs and queue
     return reply
 
 

@@ -28,7 +28,10 @@ import socket
 import stat
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("srun", "sbatch", "sinfo", "scontrol", "squeue", "scancel")
@@ -113,7 +116,9 @@ class SlurmCluster:
         for path in (self.root / "munge", key):
             os.chown(path, munge.pw_uid, munge.pw_gid)
         key.chmod(0o400)
-        (self.root / "munge").chmod(0o700)
+        # Open to every user (the key stays munge's alone): jobs are submitted as real users,
+        # whose Slurm commands reach munged through its socket here.
+        (self.root / "munge").chmod(0o755)
         for i, dev in enumerate(self.devices):
             if not dev.exists():
                 os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(FAKE_GPU_MAJOR, i))
@@ -198,10 +203,7 @@ PartitionName=test Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
         (slurmd first, munged last: the others need it to say goodbye)."""
         if "slurmctld" in self._procs and self._procs["slurmctld"].poll() is None:
             try:
-                self.run("scancel", "--full", "--quiet", f"--user={pwd.getpwuid(os.getuid()).pw_name}", timeout=5)
-                end = time.monotonic() + 5
-                while time.monotonic() < end and self.run("squeue", "-h", timeout=5).stdout.strip():
-                    time.sleep(0.1)
+                self.cancel_all()
             except subprocess.TimeoutExpired:
                 pass
         for name in ("slurmd", "slurmctld", "munged"):
@@ -215,6 +217,13 @@ PartitionName=test Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
                 proc.kill()
                 proc.wait(timeout=5)
 
+    def cancel_all(self, timeout: float = 10) -> None:
+        """Cancel every job of every user (root may) and wait until none is left running."""
+        self.run("scancel", "--quiet", "--partition=test", timeout=5)
+        end = time.monotonic() + timeout
+        while time.monotonic() < end and self.run("squeue", "-h", timeout=5).stdout.strip():
+            time.sleep(0.1)
+
     def logs(self) -> str:
         """Every daemon's log (and stdout), for a failure message."""
         parts = []
@@ -225,3 +234,34 @@ PartitionName=test Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
                 continue
             parts.append(f"--- {path.name} ---\n{text[-4000:]}")
         return "\n".join(parts)
+
+
+
+def install_or_skip() -> None:
+    """Install slurm-wlm when it is missing and we are root; skip loudly otherwise."""
+    missing = missing_programs()
+    if not missing:
+        return
+    if os.getuid() != 0:
+        pytest.skip(f"SLURM TESTS SKIPPED: {', '.join(missing)} missing and not root to install slurm-wlm "
+                    "(run scripts/setup.sh as root)")
+    r = subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "slurm-wlm"],
+                       capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    assert r.returncode == 0 and not missing_programs(), f"cannot install slurm-wlm:\n{r.stdout}\n{r.stderr}"
+
+
+@pytest.fixture(scope="module", name="slurm")
+def slurm_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """One running cluster per test module: `from tests.slurm_cluster import slurm_fixture`
+    there, and ask for `slurm`."""
+    install_or_skip()
+    if os.getuid() != 0:
+        pytest.skip("SLURM TESTS SKIPPED: the test cluster needs root (device nodes, the munge user)")
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        cluster.start()
+    except SlurmStartError as err:
+        pytest.fail(f"the test Slurm did not start: {err}")
+    yield cluster
+    cluster.stop()

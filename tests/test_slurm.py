@@ -4,15 +4,12 @@ test starts one. Every job runs as root with this interpreter."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.slurm_cluster import SlurmCluster, SlurmStartError, missing_programs
+from tests.slurm_cluster import SlurmCluster, slurm_fixture  # noqa: F401 - the `slurm` fixture
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -26,33 +23,6 @@ with vaccel.lease() as l:
           os.environ.get("SLURM_STEP_GPUS") or os.environ.get("SLURM_JOB_GPUS"),
           acc.rank, acc.world_size, acc.ranks.local_rank, acc.device, flush=True)
 """
-
-
-def _install_or_skip() -> None:
-    missing = missing_programs()
-    if not missing:
-        return
-    if os.getuid() != 0:
-        pytest.skip(f"SLURM TESTS SKIPPED: {', '.join(missing)} missing and not root to install slurm-wlm "
-                    "(run scripts/setup.sh as root)")
-    r = subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "slurm-wlm"],
-                       capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
-    assert r.returncode == 0 and not missing_programs(), f"cannot install slurm-wlm:\n{r.stdout}\n{r.stderr}"
-
-
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
-    _install_or_skip()
-    if os.getuid() != 0:
-        pytest.skip("SLURM TESTS SKIPPED: the test cluster needs root (device nodes, the munge user)")
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
-    try:
-        cluster.start()
-    except SlurmStartError as err:
-        pytest.fail(f"the test Slurm did not start: {err}")
-    yield cluster
-    cluster.stop()
 
 
 @pytest.fixture

@@ -43,6 +43,7 @@ def status_json(reply: pb.StatusReply) -> dict[str, Any]:
         "version": reply.version,
         "simulated": reply.simulated,
         "enforcement": reply.enforcement or "off",
+        "slurm_mode": reply.slurm_mode or "off",
         "devices": devices,
         "queue": [message_dict(q) for q in reply.queue],
         "unleased_processes": [message_dict(p) for p in reply.unleased_processes],

@@ -220,6 +220,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliError("--lease runs inside an existing lease: --gpus, --device and --time belong to "
                        "the lease (vaccel reserve), not to the run", EXIT_USAGE)
     warn_signal = _signal_number(args.signal)
+    if not args.lease:  # a login node in [slurm] mode = "submit": Slurm runs it (vaccel/slurm_submit.py)
+        from vaccel.slurm_submit import run_from_cli
+
+        submitted = run_from_cli(args, command, gpus, devices, wait)
+        if submitted is not None:
+            return submitted
     from vaccel.contract_files import ContractFileError
 
     try:

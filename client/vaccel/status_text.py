@@ -17,10 +17,15 @@ def render_status(reply: pb.StatusReply) -> str:
         gated = sum(d.gated for d in reply.devices)
         out.append(f"enforcement: acl, {gated} of {len(reply.devices)} devices gated "
                    "(their nodes open only for the lease holder)")
+    if reply.slurm_mode and reply.slurm_mode != "off":
+        out.append(f"slurm: {reply.slurm_mode}" + (" (Slurm allocates these GPUs; vaccel asks it)"
+                                                   if reply.slurm_mode == "delegate" else ""))
     rows = []
     for d in reply.devices:
         holder = ""
-        if d.lease_id:
+        if d.lease_id.startswith("slurm-"):  # a Slurm job vaccel did not make: "slurm job 42 (alice)"
+            holder = d.holder.command
+        elif d.lease_id:
             holder = f"{d.holder.user} ({f'pid {d.holder.pid}' if d.holder.pid else 'reserved'})"
             if d.time_left_s:
                 holder += f", {format_duration(d.time_left_s)} left"
