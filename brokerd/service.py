@@ -395,6 +395,10 @@ class BrokerService(DurableQueue, Governance, Timers):
     def device(self, uuid: str) -> Device | None:
         return self.manager.devices.get(uuid)
 
+    def may_see_status(self, identity: Identity) -> None:
+        """Raises unless `identity` may see the status (the same picture for everyone)."""
+        self.permissions.require(Action.STATUS, identity)
+
     def status(self, identity: Identity) -> StatusView:
         """Every device with its holder, the queue, GPU processes without a lease, probes."""
         self.permissions.require(Action.STATUS, identity)

@@ -28,6 +28,7 @@ from brokerd.report import BY as REPORT_BY
 from brokerd.report import Report, ReportRow
 from brokerd.service import BrokerService
 from brokerd.slurm.status import add_slurm_status
+from brokerd.status_cache import StatusCache
 from brokerd.views import DeviceView
 from brokerd.waiting import QueuedUpdate
 from brokerd.work_guard import WorkGuard
@@ -89,6 +90,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         self.authority = authority
         self.guard = WorkGuard()  # contract parsing and evaluation: off the loop, per-user bounded
         self._held_cache: tuple[tuple[DeviceView, ...], list[pb.Device]] = ((), [])
+        self.status_cache = StatusCache()  # one reply for every poller until the state changes
 
     # -- helpers -----------------------------------------------------------------------
 
@@ -252,7 +254,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     async def Status(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.StatusReply:
         identity = await self._identity(context)
         try:
-            return status_reply(self.service, identity)
+            self.service.may_see_status(identity)
+            return self.status_cache.reply(self.service, lambda: status_reply(self.service, identity))
         except LeaseError as exc:
             await self._fail(context, exc)
             raise

@@ -1,0 +1,58 @@
+"""The Status reply is built once per change (or per second) and served to every poller;
+a grant, a release, a newcomer in the queue or a drain is seen at once."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from brokerd.config import Config
+from brokerd.contract import Requirement
+from brokerd.devices import Device, Snapshot
+from brokerd.process import Identity
+from brokerd.procinfo import start_time
+from brokerd.service import BrokerService
+from brokerd.status_cache import MAX_AGE_S, StatusCache
+from brokerd.store import LeaseStore
+
+
+def test_one_reply_serves_every_poller_until_the_state_or_the_second_changes(tmp_path: Path):
+    async def scenario() -> None:
+        store = LeaseStore(tmp_path)
+        store.open()
+        devices = tuple(Device(i, f"GPU-{i}", "nvidia", "card", 1024, "cuda", "sm_80", simulated=True)
+                        for i in range(2))
+        service = BrokerService(Config(state_dir=tmp_path), store, Snapshot(devices, simulated=True))
+        service.restore([], [])
+        now = [100.0]
+        cache = StatusCache(clock=lambda: now[0])
+        builds: list[int] = []
+
+        def reply():
+            def build():
+                builds.append(1)
+                return object()
+            return cache.reply(service, build)  # type: ignore[arg-type]
+
+        me = Identity(os.getuid(), os.getgid(), os.getpid(), start_time(os.getpid()) or 0)
+        try:
+            first = reply()
+            assert reply() is first and len(builds) == 1  # nothing changed: the same reply
+            lease = await service.acquire_now(me, Requirement(2), command="hold both")
+            assert reply() is not first and len(builds) == 2  # a grant is seen at once
+            granted = reply()
+            waiting = service.acquire(me, Requirement(1), wait=True, max_wait_s=None, command="later", key="k1")
+            assert (await anext(waiting)).position == 1
+            assert reply() is not granted and len(builds) == 3  # a newcomer in the queue
+            queued = reply()
+            now[0] += MAX_AGE_S
+            assert reply() is not queued and len(builds) == 4  # a second on: time left moved
+            await service.release(me, lease.id)
+            assert len(builds) == 4 and reply() is not None and len(builds) == 5  # a release, at once
+            await waiting.aclose()
+        finally:
+            await service.close()
+            store.close()
+
+    asyncio.run(scenario())
