@@ -99,6 +99,41 @@ def test_two_tasks_see_ranks_0_and_1(slurm, job_env, tmp_path):
     assert {line[3] for line in lines} == {"0,1"}
 
 
+DDP_STEP = """
+import torch, torch.distributed as dist, vaccel
+acc = vaccel.Accelerator()
+model = acc.prepare(torch.nn.Linear(4, 1))          # joins the step's process group: no torchrun
+total = torch.tensor([float(acc.rank + 1)])
+dist.all_reduce(total)
+print("rank", acc.rank, "of", acc.world_size, "sum", total.item(), type(model).__name__, flush=True)
+"""
+
+
+def test_two_srun_tasks_train_together_without_torchrun(slurm, job_env, tmp_path):
+    """`srun -n 2` alone (no torchrun, no MASTER_ADDR/PORT): prepare() derives where the
+    tasks meet from Slurm's variables, and an all-reduce sees both ranks."""
+    script = tmp_path / "ddp_step.py"
+    script.write_text(DDP_STEP)
+    r = slurm.run("srun", "-n", "2", "--gres=gpu:2", PY, str(script), env=job_env, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = sorted(line for line in r.stdout.splitlines() if line.startswith("rank "))
+    assert lines == ["rank 0 of 2 sum 3.0 DistributedDataParallel", "rank 1 of 2 sum 3.0 DistributedDataParallel"]
+
+
+def test_the_rendezvous_of_an_srun_step_is_derived_alike_in_every_task():
+    from vaccel.accelerator.distributed import first_host, slurm_rendezvous
+
+    step = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "3", "SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_NUM_NODES": "2",
+            "SLURM_STEP_NODELIST": "gpu[07-08]"}
+    seen = [slurm_rendezvous({**step, "SLURM_PROCID": str(rank)}) for rank in range(4)]
+    meeting = {(s["MASTER_ADDR"], s["MASTER_PORT"], s["WORLD_SIZE"]) for s in seen}
+    assert meeting == {("gpu07", seen[0]["MASTER_PORT"], "4")}
+    assert [s["RANK"] for s in seen] == ["0", "1", "2", "3"] and 20000 <= int(seen[0]["MASTER_PORT"]) < 40000
+    assert slurm_rendezvous({**step, "SLURM_STEP_NUM_NODES": "1"})["MASTER_ADDR"] == "127.0.0.1"
+    assert slurm_rendezvous({"SLURM_JOB_ID": "1"}) == {}  # a batch script: no step, nothing derived
+    assert [first_host(n) for n in ("node01", "gpu[03-05,09],cpu01", "a,b")] == ["node01", "gpu03", "a"]
+
+
 def test_lease_inside_a_job_fails_fast_when_the_job_lacks_gpus(slurm, job_env):
     code = "import vaccel\nwith vaccel.lease(gpus=2): pass\n"
     r = slurm.run("srun", "--gres=gpu:1", PY, "-c", code, env=job_env)

@@ -52,6 +52,34 @@ def rank_info(env: Mapping[str, str]) -> RankInfo:
     return RankInfo(rank=rank, local_rank=local_rank, world_size=world_size)
 
 
+def slurm_rendezvous(env: Mapping[str, str]) -> dict[str, str]:
+    """Where the tasks of an `srun -n N` step meet when no torchrun set MASTER_ADDR and
+    MASTER_PORT: the step's first node, and a port every task derives alike from the job
+    and step ids (20000-39999, so two steps of one node rarely meet on one port). Empty
+    outside an srun step."""
+    if "SLURM_STEP_NUM_TASKS" not in env or "SLURM_JOB_ID" not in env:
+        return {}
+    nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
+    single = env.get("SLURM_STEP_NUM_NODES", env.get("SLURM_NNODES", "1")) == "1"
+    first = first_host(nodes)
+    try:
+        port = 20000 + (int(env["SLURM_JOB_ID"]) * 31 + int(env.get("SLURM_STEP_ID", "0") or 0)) % 20000
+    except ValueError:
+        return {}
+    return {"MASTER_ADDR": "127.0.0.1" if single or not first else first, "MASTER_PORT": str(port),
+            "RANK": env.get("SLURM_PROCID", "0"), "WORLD_SIZE": env["SLURM_STEP_NUM_TASKS"]}
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm host list: "gpu[03-05,09],cpu01" -> "gpu03"."""
+    head = nodelist.split(",", 1)[0] if "[" not in nodelist.split(",", 1)[0] else nodelist
+    name, bracket, rest = head.partition("[")
+    if not bracket:
+        return name.strip()
+    first = rest.split("]", 1)[0].split(",", 1)[0].split("-", 1)[0]
+    return f"{name}{first}".strip()
+
+
 def process_group_backend(backend_name: str, *, on_cpu: bool) -> str:
     """The torch.distributed backend for ranks computing on `backend_name`'s devices.
 
@@ -91,6 +119,7 @@ def ensure_process_group(backend: str, env: Mapping[str, str]) -> bool:
         raise RuntimeError("this torch build has no torch.distributed; multi-rank jobs need it")
     if dist.is_initialized():
         return False
+    env = {**slurm_rendezvous(env), **env}
     missing = [var for var in _RENDEZVOUS_VARS if var not in env]
     if missing:
         raise RuntimeError(
