@@ -66,8 +66,10 @@ def _looping_client(path: str, hold_s: float, stop: Any, events: Any) -> None:
         events.put(("error", repr(exc), os.getpid()))
 
 
-def _exiting_client(path: str, hold_s: float, events: Any) -> None:
-    """Acquire, hold, then exit without a release (the broker sees the pid end)."""
+def _exiting_client(path: str, hold_s: float, events: Any, exited_at: Any) -> None:
+    """Acquire, hold, then exit without a release (the broker sees the pid end). The exit's
+    moment goes into shared memory right before os._exit: a queue's feeder thread, flushed
+    after the moment was taken, would count its own flush as hand-over time."""
     from vaccel.session import LeaseRequest, LeaseSession
 
     try:
@@ -78,9 +80,9 @@ def _exiting_client(path: str, hold_s: float, events: Any) -> None:
     except Exception as exc:
         events.put(("error", repr(exc), os.getpid()))
         os._exit(1)
-    events.put(("release", time.monotonic(), os.getpid()))
     events.close()
-    events.join_thread()  # the event is written before we go
+    events.join_thread()  # the grant's event is written before we go
+    exited_at.value = time.monotonic()
     os._exit(0)  # no release, no cleanup: the process is simply gone
 
 
@@ -134,11 +136,14 @@ def in_process_release(bench: Bench, path: str, waiters: int, samples: int, hold
 def in_process_exit(bench: Bench, path: str, waiters: int, samples: int, hold_s: float) -> list[float]:
     events = bench.ctx.Queue()
     procs: list[Any] = []
+    exits: list[tuple[Any, Any]] = []  # (process, the moment it exited: shared memory)
     try:
         def spawn() -> None:
-            p = bench.ctx.Process(target=_exiting_client, args=(path, hold_s, events), daemon=True)
+            exited_at = bench.ctx.Value("d", 0.0, lock=False)
+            p = bench.ctx.Process(target=_exiting_client, args=(path, hold_s, events, exited_at), daemon=True)
             p.start()
             procs.append(p)
+            exits.append((p, exited_at))
 
         for _ in range(waiters + 1):
             spawn()
@@ -151,10 +156,10 @@ def in_process_exit(bench: Bench, path: str, waiters: int, samples: int, hold_s:
             if batch[-1][0] == "grant":
                 grants += 1
                 spawn()  # the next in line for the one that will exit: W stay waiting
+        got += [("release", exited_at.value, p.pid) for p, exited_at in exits if exited_at.value]
     finally:
         end_processes(procs)
     return _handovers(got)[waiters:]
-
 
 
 # -- whole process -------------------------------------------------------------------------

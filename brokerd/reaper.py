@@ -41,6 +41,9 @@ def client_grace_s(ttl_s: float) -> float:
     return 2 * heartbeat_interval(ttl_s) + 2.0
 
 
+HANDOVER_FIRST_S = 0.1  # the next waiter's grant takes a few ms; the clean-up waits seconds anyway
+
+
 def reap_after_end(lease: Lease, ttl_s: float, *, term_grace_s: float = TERM_GRACE_S) -> None:
     """Schedule the clean-up of an ended lease (nothing for a release). Needs a running loop."""
     if lease.state == RELEASED:
@@ -56,6 +59,9 @@ async def _reap(lease: Lease, client_grace: float, term_grace: float) -> None:
     roots = [lease.holder.process, *lease.members]
     uid = lease.holder.uid
     try:
+        # Not before the hand-over: the scan of /proc competes for the interpreter with the
+        # loop, which is granting the freed devices to the next waiter right now.
+        await asyncio.sleep(HANDOVER_FIRST_S)
         tree = await loop.run_in_executor(None, lease_processes, roots, uid)
         for sig, wait in ((signal.SIGTERM, client_grace), (signal.SIGKILL, term_grace)):
             await asyncio.sleep(wait)
