@@ -215,17 +215,17 @@ class BrokerService(DurableQueue, Governance, Timers):
             await waiting.aclose()
 
     async def acquire_now(self, identity: Identity, requirement: Requirement, *, command: str = "",
-                          key: str = "", **asked: Any) -> Lease:
+                          key: str = "", may_wait: bool = False, **asked: Any) -> Lease:
         """The unary fast path: the granted Lease (already durable), or Busy when the
-        request would have to wait (nothing is queued; the client then waits with
-        `acquire`). A request that already has a place under `key` is Busy too: its
-        waiter belongs on the stream that resumes it."""
+        request would have to wait (nothing is queued; a client that `may_wait` then waits
+        with `acquire`, so its Busy is no refusal for the journal). A request that already
+        has a place under `key` is Busy too: its waiter belongs on the stream that resumes it."""
         holder = self._admit(identity, command)
         if key and self.records.find(key, identity) is not None:
             raise Busy("this request already waits in the queue")
         if self.slurm is not None:  # Slurm allocates (brokerd/slurm/delegate.py)
             return await self.slurm.acquire_now(holder, requirement, **asked)
-        outcome = self._submit(holder, requirement, wait=False, **asked)
+        outcome = self._submit(holder, requirement, wait=False, log_busy=not may_wait, **asked)
         assert isinstance(outcome, Lease), "a request that may not wait is granted or refused"
         await self._persist_grant(outcome)
         return outcome
@@ -242,7 +242,7 @@ class BrokerService(DurableQueue, Governance, Timers):
     def _submit(self, holder: Holder, requirement: Requirement, *, wait: bool,
                 accelerator_config_yaml: str = "", cache_key: Hashable | None = None,
                 time_limit_s: float = 0.0, devices: tuple[str, ...] = (),
-                reservation: bool = False) -> Lease | Request:
+                reservation: bool = False, log_busy: bool = True) -> Lease | Request:
         """The manager's decision on a new request: a grant (not yet durable), a queued
         Request (wait=True), or a refusal (raised, and logged)."""
         terms = LeaseTerms(
@@ -262,8 +262,9 @@ class BrokerService(DurableQueue, Governance, Timers):
             return self.manager.submit(holder, requirement, wait=wait, terms=terms, cache_key=cache_key,
                                        ask=ask, limits=limits.user_limits())
         except LeaseError as exc:
-            log_event("refuse", f"refused {requirement.gpus} device(s) to {holder.user}: {exc}",
-                      user=holder.user, pid=holder.pid, level=logging.INFO)
+            if log_busy or not isinstance(exc, Busy):
+                log_event("refuse", f"refused {requirement.gpus} device(s) to {holder.user}: {exc}",
+                          user=holder.user, pid=holder.pid, level=logging.INFO)
             self._forget_if_idle(holder.process)
             raise
 

@@ -198,7 +198,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         identity, requirement, asked = await self._asked(request, context)
         may_wait = request.wait_forever or request.max_wait_seconds > 0
         try:
-            lease = await self.service.acquire_now(identity, requirement, **asked)  # type: ignore[arg-type]
+            lease = await self.service.acquire_now(identity, requirement, may_wait=may_wait,
+                                                   **asked)  # type: ignore[arg-type]
         except Busy as exc:
             if may_wait:
                 return pb.AcquireUpdate(queued=pb.Queued(message=str(exc)))

@@ -42,10 +42,12 @@ def test_a_free_host_grants_in_one_unary_call_and_a_full_one_queues_nothing(brok
     assert not would_wait.HasField("granted")
     assert would_wait.queued.position == 0 and "no free device" in would_wait.queued.message
     assert status(broker)["queue"] == []  # told, not queued: the client waits on the stream
+    assert " refuse " not in broker.log.read_text()  # a client that will wait was refused nothing
 
     with pytest.raises(grpc.RpcError) as refused:  # may not wait: refused as the stream would
         _try(connection, gpus=1, command="now or never")
     assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert " refuse " in broker.log.read_text()  # this one was: it may not wait
     with pytest.raises(grpc.RpcError) as never:
         _try(connection, gpus=5, wait_forever=True)
     assert never.value.code() == grpc.StatusCode.FAILED_PRECONDITION
