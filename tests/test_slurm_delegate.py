@@ -56,15 +56,19 @@ def test_gres_indices_and_job_lines_are_read():
 # -- a delegate-mode broker on the cluster ---------------------------------------------
 
 
-@pytest.fixture
-def delegate(slurm: SlurmCluster, staged: Path, start_broker, monkeypatch) -> Iterator[Broker]:  # noqa: F811
-    """A root broker on the lab inventory whose allocator is Slurm."""
+def _start_delegate(slurm: SlurmCluster, start_broker, monkeypatch, extra: str = "") -> Broker:
     slurm.cancel_all()
     monkeypatch.setenv("SLURM_CONF", str(slurm.conf))  # the broker runs Slurm's programs
     workdir = Path(tempfile.mkdtemp(prefix="vaccel-sd-"))
     os.chmod(workdir, 0o755)
-    config = f'[leases]\nheartbeat_ttl = "5s"\n[slurm]\nmode = "delegate"\nnode = "{slurm.node}"\n'
-    broker = start_broker(LAB_INVENTORY, config, workdir=workdir)
+    config = f'[leases]\nheartbeat_ttl = "5s"\n[slurm]\nmode = "delegate"\nnode = "{slurm.node}"\n{extra}'
+    return start_broker(LAB_INVENTORY, config, workdir=workdir)
+
+
+@pytest.fixture
+def delegate(slurm: SlurmCluster, staged: Path, start_broker, monkeypatch) -> Iterator[Broker]:  # noqa: F811
+    """A root broker on the lab inventory whose allocator is Slurm."""
+    broker = _start_delegate(slurm, start_broker, monkeypatch)
     yield broker
     broker.stop()
     slurm.cancel_all()
@@ -225,6 +229,29 @@ def test_batch_jobs_show_in_status_and_waiters_in_the_queue(slurm, delegate, sta
     _, err = waiter.communicate(timeout=60)
     assert waiter.returncode == 0, err
     assert f"waiting for Slurm: job {entry['slurm_job_id']} pending (Resources), position 1 of 1" in err
+
+
+def test_one_user_cannot_make_the_broker_start_salloc_without_bound(slurm, staged, start_broker,  # noqa: F811
+                                                                     monkeypatch):
+    """Each request is a salloc the root broker starts: beyond the user's max_waiting the
+    next one is refused at once, and nothing is left with Slurm for it."""
+    broker = _start_delegate(slurm, start_broker, monkeypatch, "[policy.default]\nmax_waiting = 1\n")
+    try:
+        job = _sbatch(slurm, "vaccel-carol", 4, "sleep 60")
+        wait_for(lambda: _job_state(slurm, job) == "RUNNING")
+        first = _run_as(broker, staged, "vaccel-bob", "run", "--", "true", popen=True)
+        wait_for(lambda: _status(broker)["queue"])
+        second = _run_as(broker, staged, "vaccel-bob", "run", "--", "true")
+        assert second.returncode != 0
+        assert "limit max_waiting=1 for default: vaccel-bob already has 1 requests with Slurm" in second.stderr
+        live = slurm.run("squeue", "-h", "-u", "vaccel-bob", "-t", "PENDING,RUNNING", "-o", "%i", timeout=10)
+        assert len(live.stdout.split()) == 1  # the refused one never reached Slurm
+        slurm.run("scancel", str(job))
+        _, err = first.communicate(timeout=60)
+        assert first.returncode == 0, err
+    finally:
+        broker.stop()
+        slurm.cancel_all()
 
 
 # -- a login node in submit mode -------------------------------------------------------

@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Coroutine, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from brokerd.acquiring import MAX_QUEUED_PER_USER
 from brokerd.contract import Requirement, evaluate
 from brokerd.errors import Busy, DeadlineExceeded, Internal, LeaseError, Unsatisfiable
 from brokerd.journal import log_event
@@ -89,6 +90,7 @@ class SlurmDelegate(LeaseHook):
         self.batch: dict[str, BatchHold] = {}  # device uuid -> the batch job holding it
         self._polled = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._asking: dict[int, int] = {}  # uid -> requests with Slurm now (pending or being granted)
         self._poller: asyncio.Task[None] | None = None
         self._poll_error = ""
 
@@ -186,7 +188,32 @@ class SlurmDelegate(LeaseHook):
         finally:
             await steps.aclose()
 
-    async def _obtain(
+    async def _obtain(self, holder: Holder, requirement: Requirement, **asked: Any,
+                      ) -> AsyncIterator[QueuedUpdate | Lease]:
+        """`_allocate`, within the user's bound: each request is a salloc process the daemon
+        starts as root, so one user's flood of requests is refused, as the broker's own
+        queue refuses it (limit max_waiting, at most MAX_QUEUED_PER_USER)."""
+        limits = self.service.config.policy.for_user(holder.user, holder.gid)
+        cap = min(limits.max_waiting or MAX_QUEUED_PER_USER, MAX_QUEUED_PER_USER)
+        asking = self._asking.get(holder.uid, 0)
+        if asking >= cap:
+            self.service._forget_if_idle(holder.process)
+            raise Busy(f"limit max_waiting={cap} for {limits.name}: {holder.user} already has {asking} "
+                       "requests with Slurm; let some finish or cancel them")
+        self._asking[holder.uid] = asking + 1
+        steps = self._allocate(holder, requirement, **asked)
+        try:
+            async for item in steps:
+                yield item
+        finally:
+            await steps.aclose()
+            left = self._asking[holder.uid] - 1
+            if left:
+                self._asking[holder.uid] = left
+            else:
+                del self._asking[holder.uid]
+
+    async def _allocate(
         self, holder: Holder, requirement: Requirement, *, wait: bool, max_wait_s: float | None,
         accelerator_config_yaml: str = "", cache_key: Hashable | None = None, time_limit_s: float = 0.0,
         devices: tuple[str, ...] = (), reservation: bool = False, **_: Any,
