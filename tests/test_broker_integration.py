@@ -372,7 +372,10 @@ def test_garbage_on_the_sockets_does_not_kill_the_daemon(broker: Broker):
     for path in (broker.socket, broker.socket.with_name(broker.socket.name + ".id")):
         s = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
         s.connect(str(path))
-        s.sendall(os.urandom(4096))
+        try:
+            s.sendall(os.urandom(4096))
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the daemon may hang up on garbage before it is all sent: allowed, and it lives on
         s.close()
     assert status(broker)["devices"]
 
