@@ -114,3 +114,59 @@ def test_an_equal_request_against_the_same_devices_reuses_the_requirement_made_f
             guard.close()
 
     asyncio.run(scenario())
+
+
+def test_a_broker_that_said_wait_then_restarts_is_waited_for_as_a_restart(monkeypatch):
+    """The fast path answered "wait" and the broker restarted before the stream's first
+    place: the client waits for it as for a restart (RECONNECT_S), not as for a broker it
+    never reached (START_RETRY_S). The broker's side of this window cannot be timed from a
+    test, so the transport here is a stand-in that answers as the real one does."""
+    import time
+
+    from vaccel import acquisition
+
+    from vaccel_common.v1 import broker_pb2 as pb
+
+    monkeypatch.setattr(acquisition, "START_RETRY_S", 0.2)
+    monkeypatch.setattr(acquisition, "RECONNECT_S", 30.0)
+
+    class Unavailable(grpc.RpcError):
+        def code(self):
+            return grpc.StatusCode.UNAVAILABLE
+
+        def details(self):
+            return "failed to connect to all addresses"
+
+    class Restarting:
+        """Says "wait" once, then is away for 1 s, then grants on the stream."""
+
+        def __init__(self) -> None:
+            self.back_at = 0.0
+
+        def call(self, method, request, **_):
+            assert method == "TryAcquire"
+            self.back_at = time.monotonic() + 1.0
+            return pb.AcquireUpdate(queued=pb.Queued(message="no free device satisfies the request now"))
+
+        def stream(self, method, request, **_):
+            assert method == "Acquire"
+            away = time.monotonic() < self.back_at
+
+            def updates():  # a real call fails when it is read, as this does
+                if away:
+                    raise Unavailable()
+                yield pb.AcquireUpdate(granted=pb.Lease(id="l-back"))
+
+            return updates()
+
+        def wait_ready(self, timeout):
+            time.sleep(min(timeout, 0.05))
+            return False
+
+        def forget_token(self):
+            pass
+
+    said: list[str] = []
+    lease = acquisition.Acquisition(Restarting(), pb.AcquireRequest(gpus=1, wait_forever=True), None,  # type: ignore[arg-type]
+                                    said.append).run()
+    assert lease.id == "l-back"

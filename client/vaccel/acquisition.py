@@ -6,7 +6,9 @@ wait then opens the Acquire stream, which carries its queue updates.
 The request carries a key this client chose, so the broker can match a later ask to it.
 If the broker is down when we first ask, we retry for a few seconds (START_RETRY_S, never
 past our own wait) and say so. If the stream breaks while we wait in the queue (the
-broker restarted), we reconnect with backoff and ask again under the same key: the
+broker restarted), or the broker goes away after it answered us at all (the fast path
+said "wait", and the restart came before the stream's first place), we reconnect with
+backoff for as long as a restart may take (RECONNECT_S) and ask again under the same key: the
 broker, which recorded the request durably, gives us back our own place and our original
 deadline once the kernel's identity of this process matches the recorded one. We then
 print one line ("broker restarted; still waiting, position 2 of 3"), not a failure.
@@ -70,6 +72,7 @@ class Acquisition:
         self._queued = False  # the broker has told us our place at least once
         self._back = False  # reconnected after a break: the next place is news to print
         self._answered = False  # the broker answered since the last failure
+        self._met = False  # the broker has answered this request at all: its absence is a restart
         self._tried_now = False  # the unary fast path was asked (once: a waiter streams)
 
     def cancel(self) -> None:
@@ -94,10 +97,12 @@ class Acquisition:
                 now = time.monotonic()
                 if failing_since is None or self._answered:
                     failing_since, delay, self._answered = now, _BACKOFF_S[0], False
-                bound = RECONNECT_S if self._queued else START_RETRY_S
+                bound = RECONNECT_S if self._queued or self._met else START_RETRY_S
                 give_up = min(failing_since + bound, self._deadline if self._deadline is not None else now + bound)
                 if now + delay > give_up:
-                    why = str(exc) if isinstance(exc, BrokerUnavailable) else f"lost the broker while waiting: {exc}"
+                    why = str(exc)
+                    if not isinstance(exc, BrokerUnavailable) and not why.startswith("lost the broker"):
+                        why = f"lost the broker while waiting: {why}"
                     raise LeaseError(why, "unavailable") from None
                 if not self._queued and not told:
                     told = True
@@ -149,7 +154,7 @@ class Acquisition:
                 return None
             raise refusal(exc) from None
         self._tried_now = True
-        self._answered = True
+        self._answered = self._met = True
         if not reply.HasField("granted"):
             return None
         if self._cancelled.is_set():  # cancelled while the call was in flight: hand it back
@@ -160,7 +165,7 @@ class Acquisition:
 
     def _heard(self, queued: pb.Queued) -> bool:
         """Note our place; True when it was reported here (the first one after a break)."""
-        self._answered = True
+        self._answered = self._met = True
         if not queued.position:
             return False
         self._queued = True
