@@ -6,8 +6,8 @@ wait then opens the Acquire stream, which carries its queue updates.
 The request carries a key this client chose, so the broker can match a later ask to it.
 If the broker is down when we first ask, we retry for a few seconds (START_RETRY_S, never
 past our own wait) and say so. If the stream breaks while we wait in the queue (the
-broker restarted), or the broker goes away after it answered us at all (the fast path
-said "wait", and the restart came before the stream's first place), we reconnect with
+broker restarted), or the broker goes away after it answered or accepted us at all (the
+fast path said "wait", and the restart came before the stream's first place), we reconnect with
 backoff for as long as a restart may take (RECONNECT_S) and ask again under the same key: the
 broker, which recorded the request durably, gives us back our own place and our original
 deadline once the kernel's identity of this process matches the recorded one. We then
@@ -72,7 +72,7 @@ class Acquisition:
         self._queued = False  # the broker has told us our place at least once
         self._back = False  # reconnected after a break: the next place is news to print
         self._answered = False  # the broker answered since the last failure
-        self._met = False  # the broker has answered this request at all: its absence is a restart
+        self._met = False  # the broker has answered or accepted us: its absence is a restart
         self._tried_now = False  # the unary fast path was asked (once: a waiter streams)
 
     def cancel(self) -> None:
@@ -111,10 +111,11 @@ class Acquisition:
                     raise LeaseError("the request was cancelled", "cancelled") from None
                 delay = min(delay * 2, _BACKOFF_S[1])
                 # A broker that accepts us again is back (if only for a moment, when it is
-                # restarted again and again): the bound counts from its next absence.
+                # restarted again and again): the bound counts from its next absence, and
+                # is a restart's from then on: a broker that listens exists.
                 with contextlib.suppress(BrokerUnavailable):
                     if self.connection.wait_ready(min(1.0, max(give_up - time.monotonic(), 0.0))):
-                        self._answered = True
+                        self._answered = self._met = True
                 self._back = self._back or self._queued
                 if self._deadline is not None:
                     self.wire.max_wait_seconds = max(self._deadline - time.monotonic(), 0.001)
