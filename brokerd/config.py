@@ -183,8 +183,9 @@ def _validate(config: Config) -> Config:
                           "pip install 'vaccel[enforce]' (it builds against libacl1-dev)")
     if config.slurm_mode not in ("off", "delegate", "submit"):
         raise ConfigError(f"{where}: slurm.mode must be 'off', 'delegate' or 'submit', not {config.slurm_mode!r}")
-    missing = [p for p in ("salloc", "scancel", "scontrol") if shutil.which(p) is None]
-    if config.slurm_mode == "delegate" and missing:
+    missing = [p for p in ("salloc", "scancel", "scontrol")
+               if config.slurm_mode == "delegate" and shutil.which(p) is None]
+    if missing:
         raise ConfigError(f"{where}: slurm.mode = \"delegate\" needs Slurm's client programs on PATH; "
                           f"missing: {', '.join(missing)}")
     if not config.slurm_gres or any(c in config.slurm_gres for c in ":,= "):

@@ -4,17 +4,15 @@ a grant, a release, a newcomer in the queue or a drain is seen at once."""
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 
 from brokerd.config import Config
 from brokerd.contract import Requirement
 from brokerd.devices import Device, Snapshot
-from brokerd.process import Identity
-from brokerd.procinfo import start_time
 from brokerd.service import BrokerService
 from brokerd.status_cache import MAX_AGE_S, StatusCache
 from brokerd.store import LeaseStore
+from tests.test_service import me as current_process
 
 
 def test_one_reply_serves_every_poller_until_the_state_or_the_second_changes(tmp_path: Path):
@@ -35,7 +33,7 @@ def test_one_reply_serves_every_poller_until_the_state_or_the_second_changes(tmp
                 return object()
             return cache.reply(service, build)  # type: ignore[arg-type]
 
-        me = Identity(os.getuid(), os.getgid(), os.getpid(), start_time(os.getpid()) or 0)
+        me = current_process()
         try:
             first = reply()
             assert reply() is first and len(builds) == 1  # nothing changed: the same reply
