@@ -25,10 +25,14 @@ import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from brokerd.process import Identity, ProcessId
 from brokerd.procinfo import process_info, start_time
 from brokerd.state_dir import read_private, write_private
+
+if TYPE_CHECKING:
+    from brokerd.side_calls import SideCalls
 
 _KEY_FILE = "token.key"
 _MAX_TOKEN_LEN = 1024
@@ -122,12 +126,15 @@ class TokenAuthority:
 
 
 class IdentityServer:
-    """The side socket: one token line per connection, bound to the kernel's view of the peer."""
+    """The side socket: one token line per connection, bound to the kernel's view of the
+    peer, then at most one unary call on that token (`side_calls`, brokerd/side_calls.py)."""
 
-    def __init__(self, authority: TokenAuthority, path: Path, mode: int) -> None:
+    def __init__(self, authority: TokenAuthority, path: Path, mode: int,
+                 side_calls: SideCalls | None = None) -> None:
         self.authority = authority
         self.path = path
         self.mode = mode
+        self.side_calls = side_calls
         self._server: asyncio.base_events.Server | None = None
 
     async def start(self) -> None:
@@ -151,12 +158,15 @@ class IdentityServer:
             start = info.starttime if info is not None and info.uid == uid else None
             if start is None:
                 writer.write(b'{"error": "could not verify the caller: it exited, or its pid was reused"}\n')
-            else:
-                token, expires = self.authority.mint(Identity(uid, gid, pid, start))
-                reply = {"token": token, "expires": expires, "uid": uid, "pid": pid}
-                writer.write(json.dumps(reply).encode() + b"\n")
+                await writer.drain()
+                return
+            token, expires = self.authority.mint(Identity(uid, gid, pid, start))
+            reply = {"token": token, "expires": expires, "uid": uid, "pid": pid}
+            writer.write(json.dumps(reply).encode() + b"\n")
             await writer.drain()
-        except (ConnectionError, OSError):
-            pass  # the client went away mid-answer: nothing to tell it
+            if self.side_calls is not None:
+                await self.side_calls.serve(reader, writer, uid, token)
+        except (TimeoutError, ConnectionError, OSError):
+            pass  # the client went away mid-answer, or never read it: nothing to tell it
         finally:
             writer.close()

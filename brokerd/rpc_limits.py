@@ -57,13 +57,18 @@ class _Capture:
         self.handlers.update(handlers)
 
 
-def add_guarded_servicer(servicer: broker_pb2_grpc.BrokerServicer, server: grpc.aio.Server) -> None:
-    """Register `servicer` like the generated add_BrokerServicer_to_server, except that each
-    method receives the raw bytes and decodes them itself: gRPC's own decoding failure
-    ends as UNKNOWN with a traceback in the log, for what is the client's mistake."""
+def guarded_handlers(servicer: broker_pb2_grpc.BrokerServicer) -> dict[str, grpc.RpcMethodHandler]:
+    """The servicer's method handlers as the generated add_BrokerServicer_to_server makes
+    them, except that each method receives the raw bytes and decodes them itself: gRPC's
+    own decoding failure ends as UNKNOWN with a traceback in the log, for what is the
+    client's mistake."""
     capture = _Capture()
     broker_pb2_grpc.add_BrokerServicer_to_server(servicer, capture)
-    handlers = {name: _guarded(name, handler) for name, handler in capture.handlers.items()}
+    return {name: _guarded(name, handler) for name, handler in capture.handlers.items()}
+
+
+def add_guarded_servicer(handlers: dict[str, grpc.RpcMethodHandler], server: grpc.aio.Server) -> None:
+    """Serve `handlers` (guarded_handlers) on `server`."""
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     server.add_registered_method_handlers(SERVICE, handlers)
 

@@ -30,9 +30,10 @@ from brokerd.journal import log_event, setup_logging
 from brokerd.notify import Notifier
 from brokerd.probes import default_probes, run_probes
 from brokerd.probes.simulated import SimulatedProbe
-from brokerd.rpc_limits import CONNECTION_OPTIONS, add_guarded_servicer, raise_open_files
+from brokerd.rpc_limits import CONNECTION_OPTIONS, add_guarded_servicer, guarded_handlers, raise_open_files
 from brokerd.service import BrokerService
 from brokerd.servicer import BrokerServicer, rebuild_request
+from brokerd.side_calls import SideCalls
 from brokerd.state_dir import StateDirInUse, UnsafeStateDir, lock_state_dir
 from brokerd.store import LeaseStore, StateError
 from vaccel_common.paths import identity_socket
@@ -150,10 +151,13 @@ class Daemon:
             ("grpc.max_send_message_length", 16 * MAX_MESSAGE_BYTES),
             *CONNECTION_OPTIONS,
         ])
-        add_guarded_servicer(BrokerServicer(service, authority), server)  # undecodable: INVALID_ARGUMENT
+        handlers = guarded_handlers(BrokerServicer(service, authority))  # undecodable: INVALID_ARGUMENT
+        add_guarded_servicer(handlers, server)
         server.add_insecure_port(f"unix:{config.socket}")
         await server.start()
-        identity = IdentityServer(authority, identity_socket(config.socket), config.socket_mode)
+        # The same handlers answer a short-lived client's unary calls on the identity socket.
+        identity = IdentityServer(authority, identity_socket(config.socket), config.socket_mode,
+                                  SideCalls(handlers))
         await identity.start()
         for path in (config.socket, identity.path):
             os.chmod(path, config.socket_mode)

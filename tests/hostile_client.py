@@ -8,6 +8,9 @@ with what it saw.
     python hostile_client.py inject             a lease whose commands carry terminal escapes
     python hostile_client.py token FILE         write this process's token and exit
     python hostile_client.py join LEASE FILE    Join LEASE with the token in FILE
+    python hostile_client.py side LEASE N       the identity socket's calls: release LEASE there,
+                                                garbage, endless and huge headers; then hold N
+                                                connections open
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import grpc
 from vaccel.connection import BrokerConnection
 
 from vaccel_common.auth import TOKEN_METADATA_KEY
+from vaccel_common.paths import identity_socket
+from vaccel_common.side_call import parse_reply_header, request_header
 from vaccel_common.v1 import broker_pb2 as pb
 
 
@@ -112,6 +117,54 @@ def connections(count: int, hold_s: float) -> dict:
     return {"opened": len(held)}
 
 
+def _side(path: str, payload: bytes) -> str:
+    """What the identity socket answers to `payload` after the token line."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(30)
+        s.connect(path)
+        data = b""
+        try:
+            s.sendall(payload)
+            while chunk := s.recv(65536):
+                data += chunk
+        except (ConnectionResetError, BrokenPipeError):
+            pass
+    _, _, rest = data.partition(b"\n")
+    header = parse_reply_header(rest.partition(b"\n")[0]) if rest else None
+    return f"reply {header[0]}" if header else "no reply"
+
+
+def side(victim_lease: str, hold: int) -> dict:
+    path = str(identity_socket(BrokerConnection().path))
+    release = pb.ReleaseRequest(lease_id=victim_lease, reason="mine now").SerializeToString()
+    out = {"release_other": _side(path, request_header("Release", len(release)) + release),
+           "garbage": _side(path, os.urandom(4096)),
+           "endless_header": _side(path, b"CALL " + b"A" * 200_000),
+           "huge": _side(path, b"CALL TryAcquire 999999999\n")}
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, hold + 256), hard))
+    held = []
+    for _ in range(hold):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(path)
+        s.recv(4096)  # the token line; then silence
+        held.append(s)
+    time.sleep(0.5)
+    still_open = 0
+    for s in held:
+        s.setblocking(False)
+        try:
+            still_open += s.recv(1) != b""
+        except BlockingIOError:
+            still_open += 1  # nothing to read and not closed: the daemon waits on it
+        except OSError:
+            pass
+    out["held_open"] = still_open
+    print(json.dumps(out), flush=True)
+    time.sleep(30)  # the test runs a well-behaved user meanwhile, then stops us
+    return out
+
+
 def inject() -> dict:
     """Two leases shown to others: one whose command the client names with escapes, one
     with no command, so the daemon falls back to this process's /proc cmdline (which the
@@ -152,6 +205,8 @@ def main() -> None:
         result = connections(int(args[0]), float(args[1]))
     elif mode == "inject":
         result = inject()
+    elif mode == "side":
+        result = side(args[0], int(args[1]))
     elif mode == "token":
         c = BrokerConnection()
         c.call("Status", pb.StatusRequest())

@@ -11,8 +11,10 @@ from pathlib import Path
 from tests.conftest import Broker
 
 # Heavy and not needed without a contract or --json: torch (facts), yaml (contract files),
-# protobuf's JSON mapping, and lease() machinery.
-NOT_ON_THE_PATH = ("torch", "yaml", "google.protobuf.json_format", "vaccel.leasing", "vaccel.facts")
+# protobuf's JSON mapping, and lease() machinery. Nor grpc (85-110 ms: these calls go over
+# the identity socket, vaccel_common/side_call.py) or dataclasses (11 ms: it imports inspect).
+NOT_ON_THE_PATH = ("torch", "yaml", "google.protobuf.json_format", "vaccel.leasing", "vaccel.facts", "grpc",
+                   "dataclasses")
 
 
 def _loaded_after(broker: Broker, argv: list[str], cwd: Path) -> tuple[int, list[str]]:

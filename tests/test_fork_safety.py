@@ -53,7 +53,7 @@ CHILD_WITHOUT_LEASE = textwrap.dedent("""
     import os, vaccel
     from vaccel.connection import BrokerConnection
     from vaccel_common.v1 import broker_pb2 as pb
-    BrokerConnection().call("Status", pb.StatusRequest())   # the parent uses gRPC
+    BrokerConnection(side_calls=False).call("Status", pb.StatusRequest())   # the parent uses gRPC
     pid = os.fork()
     if pid == 0:
         try:
@@ -71,3 +71,14 @@ def test_forked_child_without_a_lease_gets_an_error_not_a_hang(broker: Broker):
                        timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "0"
+
+
+def test_a_child_forked_after_only_identity_socket_calls_may_lease_on_its_own(broker: Broker):
+    """Calls over the identity socket (vaccel_common/side_call.py) leave no gRPC state
+    behind: a child forked after them is a fresh client, not a broken one."""
+    script = CHILD_WITHOUT_LEASE.replace("BrokerConnection(side_calls=False)", "BrokerConnection()")
+    script = script.replace("import os, vaccel", "import os, sys, vaccel")
+    script = script.replace("    pid = os.fork()", "    assert 'grpc' not in sys.modules\n    pid = os.fork()")
+    r = subprocess.run([broker.python, "-c", script], env=broker.env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "5", r.stderr  # inside its own lease

@@ -145,6 +145,38 @@ def test_idle_connections_cannot_exhaust_the_daemon(hostile):
     assert broker.log.read_text().count("Too many open files") <= 10
 
 
+def test_the_identity_sockets_calls_act_for_the_kernels_caller_and_are_bounded(hostile):
+    """vaccel_common/side_call.py: alice cannot release bob's lease there, garbage gets
+    nothing, and holding connections open costs her the side path, never bob his GPU."""
+    from brokerd.side_calls import PER_USER
+
+    broker, staged = hostile
+    assert broker.proc is not None
+    fds = lambda: len(os.listdir(f"/proc/{broker.proc.pid}/fd"))  # noqa: E731
+    before = fds()
+    victim = as_user(broker, staged, "vaccel-bob", "run", "--", "sh", "-c", "echo $VACCEL_LEASE_ID; sleep 60",
+                     popen=True)
+    try:
+        lease_id = victim.stdout.readline().strip()
+        assert lease_id.startswith("l-")
+        hog = attack(broker, staged, "side", lease_id, "300", popen=True)
+        try:
+            seen = json.loads(hog.stdout.readline() or "{}")
+            assert seen["release_other"] == "reply 7", seen  # PERMISSION_DENIED
+            assert {seen[k] for k in ("garbage", "endless_header", "huge")} == {"no reply"}, seen
+            assert seen["held_open"] <= PER_USER, seen
+            bob_gets_a_gpu(broker, staged)
+        finally:
+            stop(hog)
+        leases = json.loads(broker.vaccel("leases", "--all", "--json").stdout)["leases"]
+        assert [x["state"] for x in leases if x["id"] == lease_id] == ["active"]
+    finally:
+        stop(victim)
+    wait_for(lambda: fds() < before + 20, timeout=20)
+    assert rss_mib(broker) < MAX_RSS_MIB
+    assert "Traceback" not in broker.log.read_text()
+
+
 def test_a_user_queueing_behind_their_own_lease_reserves_nothing(hostile):
     broker, staged = hostile
     holder = as_user(broker, staged, "vaccel-alice", "run", "--", "sleep", "60", popen=True)

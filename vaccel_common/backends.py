@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class Backend:
+class Backend(NamedTuple):
     name: str  # cuda | rocm | xpu | cpu
     visible_devices_vars: tuple[str, ...]  # each gets the comma-joined device ids
     extra_env: tuple[tuple[str, str], ...]  # fixed variables, e.g. the device order

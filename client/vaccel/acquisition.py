@@ -17,16 +17,15 @@ print one line ("broker restarted; still waiting, position 2 of 3"), not a failu
 from __future__ import annotations
 
 import contextlib
+import os
 import random
-import secrets
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-import grpc
-
 from vaccel.connection import BrokerConnection, BrokerUnavailable
+from vaccel.grpc_lazy import grpc
 from vaccel.lease_types import LeaseError
 from vaccel_common.v1 import broker_pb2 as pb
 
@@ -62,7 +61,7 @@ class Acquisition:
         self.wire = pb.AcquireRequest()
         self.wire.CopyFrom(wire)
         if not self.wire.request_key:
-            self.wire.request_key = secrets.token_hex(12)
+            self.wire.request_key = os.urandom(12).hex()
         self.on_queue = on_queue
         self.say = say
         self._deadline = None if wire.wait_forever else time.monotonic() + wire.max_wait_seconds

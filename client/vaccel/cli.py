@@ -15,9 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import grpc
-
 from vaccel.connection import BrokerConnection, BrokerUnavailable
+from vaccel.grpc_lazy import grpc
 from vaccel.lease_types import LeaseError
 from vaccel_common import status_json as status_shape
 from vaccel_common.text import printable
@@ -293,7 +292,9 @@ def _signal_number(name: str) -> int | None:
 # -- parser ----------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser, or with `command` one of this module's commands, only that
+    command's: building all of them costs every `vaccel run` ~8 ms."""
     socket_help = "the broker's socket (default: $VACCEL_SOCKET, then the standard places)"
     # Accepted before or after the command; SUPPRESS keeps a subcommand from resetting a
     # --socket given before it.
@@ -303,13 +304,39 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--socket", default=None, help=socket_help)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    if command in _COMMANDS:
+        _COMMANDS[command](sub, common)
+        return parser
+    for add in _COMMANDS.values():
+        add(sub, common)
+    # Commands that live in their own modules (imported here, not at the top: they use
+    # this module's helpers, and `vaccel run` should not pay for their imports twice).
+    from vaccel import cli_extra
 
+    cli_extra.register_all(sub, common)
+    return parser
+
+
+def _command_named(argv: list[str]) -> str | None:
+    """The command word of `argv` (after a leading --socket), None before any other option."""
+    words = iter(argv)
+    for word in words:
+        if word == "--socket":
+            next(words, None)
+        elif not word.startswith("--socket="):
+            return None if word.startswith("-") else word
+    return None
+
+
+def _add_status(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("status", parents=[common], help="devices, holders, queue, unleased GPU processes",
                        description="Show every device with its state (free, leased, busy, unhealthy), who "
                                    "holds it since when, the wait queue, and GPU processes that hold no lease.")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_status)
 
+
+def _add_run(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("run", parents=[common], help="run a command on leased devices",
                        description="Lease devices, run COMMAND with them visible (and only them), release "
                                    "when it ends. Waits in line when all devices are taken. The exit status "
@@ -337,6 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
     p.set_defaults(func=cmd_run)
 
+
+def _add_leases(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("leases", parents=[common], help="list leases",
                        description="List your active leases; --all lists everyone's (root and the admin group).")
     p.add_argument("--all", action="store_true", help="every user's leases (admins)")
@@ -344,6 +373,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_leases)
 
+
+def _add_release(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("release", parents=[common], help="give a lease back",
                        description="End a lease: your own, or anyone's if you are root or in the admin group.")
     p.add_argument("lease_id", metavar="LEASE_ID")
@@ -354,6 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_release)
 
+
+def _add_drain(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("drain", parents=[common], help="take a device out of the pool (admins)",
                        description="Stop granting a device (maintenance, a flaky card); a lease it carries "
                                    "runs to its end. --undo puts it back. Root and the admin group only.")
@@ -363,6 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_drain)
 
+
+def _add_check(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("check", parents=[common], help="check a runtime contract against this host",
                        description="One line per check, for the devices of this host and this Python "
                                    "environment. Exit 0 when satisfiable, 1 when not, 2 on a bad file.")
@@ -373,12 +408,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-memory", metavar="SIZE", help="memory each device must have, with a unit: 20GiB, 512MiB")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_check)
-    # Commands that live in their own modules (imported here, not at the top: they use
-    # this module's helpers, and `vaccel run` should not pay for their imports twice).
-    from vaccel import cli_extra
 
-    cli_extra.register_all(sub, common)
-    return parser
+
+_COMMANDS: dict[str, Callable[[argparse._SubParsersAction, argparse.ArgumentParser], None]] = {
+    "status": _add_status,
+    "run": _add_run,
+    "leases": _add_leases,
+    "release": _add_release,
+    "drain": _add_drain,
+    "check": _add_check,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -407,7 +446,8 @@ def _exit_now(code: int) -> None:
 
 
 def _main(argv: list[str] | None) -> int:
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    args = build_parser(_command_named(words)).parse_args(words)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

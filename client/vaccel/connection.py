@@ -1,5 +1,7 @@
 """The client's connection to the broker: a gRPC channel over the Unix socket plus the
 identity token minted by the daemon's side socket from the kernel's view of this process.
+Until the process needs a channel, the few calls the side socket also serves go there
+(vaccel_common/side_call.py): a short `vaccel run` or `vaccel status` then never imports grpc.
 
 A connection belongs to the process that made it: after a fork the child gets a fresh
 channel and token of its own (it is another pid), never the parent's.
@@ -10,18 +12,31 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
-import grpc
-
+from vaccel.grpc_lazy import grpc, side_call_error
 from vaccel_common.auth import TOKEN_METADATA_KEY
 from vaccel_common.paths import client_socket, identity_socket
-from vaccel_common.v1 import broker_pb2_grpc
+from vaccel_common.side_call import (
+    MAX_HEADER_BYTES,
+    MAX_REQUEST_BYTES,
+    UNIMPLEMENTED,
+    parse_reply_header,
+    request_header,
+)
+from vaccel_common.v1 import broker_pb2 as pb
+
+if TYPE_CHECKING:
+    from vaccel_common.v1 import broker_pb2_grpc
 
 _RENEW_BEFORE_S = 60.0
+_MAX_TOKEN_LINE = 4096
+# What each call served over the identity socket (vaccel_common/side_call.py) answers with.
+_SIDE_REPLIES = {"TryAcquire": pb.AcquireUpdate, "Release": pb.Lease, "Status": pb.StatusReply}
 # After a broker restart the channel must find the new one within a moment, not after
 # gRPC's default reconnect backoff (which grows to two minutes).
 _CHANNEL_OPTIONS = [("grpc.enable_retries", 0), ("grpc.initial_reconnect_backoff_ms", 100),
@@ -65,47 +80,94 @@ def _check_fallback_folder(path: Path) -> None:
 
 
 class BrokerConnection:
-    def __init__(self, socket_path: str | os.PathLike[str] | None = None) -> None:
+    """`side_calls`: whether the calls the identity socket serves go there while this
+    process has no channel. By default only until grpc is imported: a process that has
+    paid for grpc gets the channel, which costs the daemon less per call than a fresh
+    connection and token."""
+
+    def __init__(self, socket_path: str | os.PathLike[str] | None = None, *, side_calls: bool | None = None) -> None:
         self.path = client_socket(socket_path)
+        self.side_calls = side_calls
         self._lock = threading.Lock()
         self._pid = -1
         self._channel: grpc.Channel | None = None
         self._stub: broker_pb2_grpc.BrokerStub | None = None
         self._token = ""
         self._token_expires = 0.0
+        self._token_pid = -1
 
     # -- identity ----------------------------------------------------------------------
 
-    def _mint_token(self) -> None:
-        id_path = identity_socket(self.path)
+    def _identity_socket(self, timeout: float) -> socket.socket:
+        """A connection to the identity socket, whose first line is our token."""
         _check_fallback_folder(self.path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(10)
+        sock.settimeout(timeout)
         try:
-            sock.connect(str(id_path))
-            data = b""
-            while not data.endswith(b"\n"):
-                chunk = sock.recv(4096)
-                if not chunk:
-                    break
-                data += chunk
-        except FileNotFoundError:
-            raise _unreachable(self.path, "no broker socket there") from None
-        except PermissionError:
-            raise _unreachable(self.path, "permission denied on the socket") from None
+            sock.connect(str(identity_socket(self.path)))
+        except OSError as exc:
+            sock.close()
+            if isinstance(exc, FileNotFoundError):
+                raise _unreachable(self.path, "no broker socket there") from None
+            if isinstance(exc, PermissionError):
+                raise _unreachable(self.path, "permission denied on the socket") from None
+            raise _unreachable(self.path, exc.strerror or str(exc)) from None
+        return sock
+
+    def _take_token(self, stream: BinaryIO) -> None:
+        """Read the token line from the identity socket and keep the token."""
+        try:
+            data = stream.readline(_MAX_TOKEN_LINE)
         except OSError as exc:
             raise _unreachable(self.path, exc.strerror or str(exc)) from None
-        finally:
-            sock.close()
         if not data:  # accepted, then closed: a broker dying or restarting right now
             raise _unreachable(self.path, "the broker closed the connection before answering")
         reply: Any = None
         try:
             reply = json.loads(data)
             self._token, self._token_expires = reply["token"], float(reply["expires"])
+            self._token_pid = os.getpid()
         except (ValueError, KeyError, TypeError):
             why = reply.get("error", "bad identity reply") if isinstance(reply, dict) else "bad identity reply"
             raise _unreachable(self.path, why) from None
+
+    def _mint_token(self) -> None:
+        with self._identity_socket(10) as sock, sock.makefile("rb") as stream:
+            self._take_token(stream)
+
+    def side_call(self, method: str, request: Any, timeout: float) -> Any | None:
+        """`method` over the identity socket (vaccel_common/side_call.py), for a process
+        that has not imported grpc (see the class): it may never need to. The reply; or
+        the broker's refusal, raised as gRPC raises it (the same servicer code made it, and
+        asking again could act twice: in Slurm delegate mode each ask is a Slurm job); or
+        None when the side path did not answer (an older broker, a bound, a broken
+        connection), and the caller then makes the call over gRPC."""
+        reply_type = _SIDE_REPLIES.get(method)
+        wanted = "grpc" not in sys.modules if self.side_calls is None else self.side_calls
+        if not wanted or reply_type is None or self._channel is not None or _GRPC_PID not in (None, os.getpid()):
+            return None
+        body = request.SerializeToString()
+        if len(body) > MAX_REQUEST_BYTES:
+            return None
+        try:
+            with self._identity_socket(timeout) as sock, sock.makefile("rb") as stream:
+                sock.sendall(request_header(method, len(body)) + body)
+                self._take_token(stream)
+                header = parse_reply_header(stream.readline(MAX_HEADER_BYTES))
+                if header is None:
+                    return None
+                code, length = header
+                payload = stream.read(length)
+        except (BrokerUnavailable, OSError):
+            return None
+        if len(payload) != length or code == UNIMPLEMENTED:
+            return None
+        if code:
+            raise side_call_error(code, payload.decode(errors="replace"))
+        try:
+            return reply_type.FromString(payload)
+        except Exception:  # protobuf's DecodeError: a reply we cannot read is one we did not get
+            return None
 
     def _ensure(self) -> broker_pb2_grpc.BrokerStub:
         with self._lock:
@@ -119,9 +181,13 @@ class BrokerConnection:
                         transient=False,
                     )
                 _GRPC_PID = os.getpid()
+                from vaccel_common.v1 import broker_pb2_grpc  # imports grpc: only once a channel is needed
+
                 self._channel = grpc.insecure_channel(f"unix:{self.path}", options=_CHANNEL_OPTIONS)
                 self._stub = broker_pb2_grpc.BrokerStub(self._channel)
-                self._token, self._token_expires, self._pid = "", 0.0, os.getpid()
+                self._pid = os.getpid()
+                if self._token_pid != self._pid:  # a token is bound to the process that minted it
+                    self._token = ""
             if not self._token or self._token_expires - time.time() < _RENEW_BEFORE_S:
                 self._mint_token()
             assert self._stub is not None
@@ -152,6 +218,9 @@ class BrokerConnection:
              retry_unavailable_s: float = 0.0) -> Any:
         """A unary call. A rejected token (daemon restarted with a new key) is renewed once;
         UNAVAILABLE is retried for `retry_unavailable_s` (a daemon restart takes a moment)."""
+        reply = self.side_call(method, request, timeout)
+        if reply is not None:
+            return reply
         deadline = time.monotonic() + retry_unavailable_s
         renewed = False
         delay = 0.05

@@ -11,8 +11,8 @@ A named file that cannot be read is an error; an absent default file is simply a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 DEFAULT_SPEC = "runtime-spec.yaml"
 DEFAULT_CONFIG = "accelerator-config.yaml"
@@ -22,8 +22,7 @@ class ContractFileError(ValueError):
     """A contract file that was asked for cannot be read; the message says which and why."""
 
 
-@dataclass(frozen=True)
-class ContractFiles:
+class ContractFiles(NamedTuple):
     spec_text: str = ""  # "" when there is no runtime spec
     spec_name: str = ""  # the path as shown in messages
     config_text: str = ""

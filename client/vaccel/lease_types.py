@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from vaccel_common.backends import lease_env, memory_settings
 from vaccel_common.units import format_duration
@@ -29,8 +28,7 @@ class LeaseLost(RuntimeError):
     """The lease ended while the process was still using it; stop using its devices."""
 
 
-@dataclass(frozen=True)
-class DeviceInfo:
+class DeviceInfo(NamedTuple):
     """One leased device as the broker described it at the grant."""
 
     index: int
@@ -48,8 +46,7 @@ class DeviceInfo:
                    d.visible_id or d.uuid)
 
 
-@dataclass(frozen=True)
-class LeaseEnding:
+class LeaseEnding(NamedTuple):
     """A lease will end soon: its time limit is near, or an admin revoked it with a grace.
     Passed to `on_ending` callbacks (and shown on stderr) so a job can checkpoint."""
 

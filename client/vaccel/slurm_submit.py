@@ -22,13 +22,12 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import secrets
 import signal
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 CONFIG_ENV = "VACCEL_BROKER_CONFIG"
 DEFAULT_CONFIG = Path("/etc/vaccel/brokerd.toml")
@@ -41,8 +40,7 @@ class SubmitError(Exception):
     """A request submit mode cannot carry (the message says what to do instead)."""
 
 
-@dataclass(frozen=True)
-class SubmitSettings:
+class SubmitSettings(NamedTuple):
     partition: str = ""
     gres: str = "gpu"
 
@@ -95,14 +93,14 @@ def srun_argv(command: list[str], submit: SubmitSettings, *, gpus: int, time_lim
     return argv + command
 
 
-@dataclass
 class _Seen:
     """What squeue said of our job (found by its comment)."""
 
-    job_id: int = 0
-    state: str = ""
-    reason: str = ""
-    ran: bool = False
+    def __init__(self) -> None:
+        self.job_id = 0
+        self.state = ""
+        self.reason = ""
+        self.ran = False
 
 
 def _squeue(comment: str, partition: str, seen: _Seen) -> str:
@@ -149,7 +147,7 @@ def run(command: list[str], submit: SubmitSettings, *, gpus: int, time_limit_s: 
     """Run `command` in a Slurm allocation of `gpus` GPUs; return its exit status."""
     from vaccel.cli import EXIT_REFUSED, EXIT_TEMPFAIL
 
-    comment = f"vaccel-submit-{secrets.token_hex(6)}"
+    comment = f"vaccel-submit-{os.urandom(6).hex()}"
     argv = srun_argv(command, submit, gpus=gpus, time_limit_s=time_limit_s, wait=wait, comment=comment,
                      contract=contract, config=config)
     import ctypes  # only on the submit path: every `vaccel run` imports this module
