@@ -142,6 +142,11 @@ class Daemon:
         authority.alive = service.process_alive  # a watched process's pidfd answers, not /proc
         service.restore_queue(queued, rebuild_request)
 
+        # Before anything listens: a client may signal us (a test's SIGHUP, systemd's SIGTERM)
+        # the moment a socket answers, and SIGHUP's default action would end the daemon.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        loop.add_signal_handler(signal.SIGHUP, self._reload.set)
         # Before the extra servers: the dashboard chains its live updates onto this one.
         service.on_change = lambda: self.notifier.status(service.summary())
         # Before the sockets: once a client can connect, the metrics and the dashboard answer too.
@@ -165,9 +170,6 @@ class Daemon:
                 os.chown(path, -1, grp.getgrnam(config.socket_group).gr_gid)
         service.start_timers()
 
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stop.set)
-        loop.add_signal_handler(signal.SIGHUP, self._reload.set)
         watchdog = asyncio.create_task(self._watchdog())
 
         devices = len(snapshot.devices)
