@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from brokerd.contract import Requirement, evaluate
 from brokerd.errors import DeadlineExceeded, Internal
 from brokerd.journal import log_event
-from brokerd.lease_model import RELEASED, Ask, Lease, LeaseTerms, Request
+from brokerd.lease_model import RELEASED, Ask, Grant, Lease, LeaseTerms, Request
 from brokerd.queue_record import WaitRecord, WaitRecords
 from brokerd.views import find_device
 from brokerd.waiting import Mailbox, QueuedUpdate
@@ -198,8 +198,15 @@ class DurableQueue:
 
     async def _pump(self: BrokerService) -> None:
         """Grant what the queue can now have; each grant is durable before its waiter hears."""
-        grants = self.manager.pump()
-        saving = [(grant, self.store.save_grant(grant.lease, grant.request.id)) for grant in grants]
+        await self._deliver(self._grant_now())
+
+    def _grant_now(self: BrokerService) -> list[tuple[Grant, asyncio.Future[None]]]:
+        """The pump's grants, made in memory and queued for commit (no await: a caller in
+        a LeaseStore.together block gets them into its own transaction)."""
+        return [(grant, self.store.save_grant(grant.lease, grant.request.id)) for grant in self.manager.pump()]
+
+    async def _deliver(self: BrokerService, saving: list[tuple[Grant, asyncio.Future[None]]]) -> None:
+        """Tell each granted waiter once its grant is on disk."""
         for grant, saved in saving:
             request_id = grant.request.id
             try:
@@ -217,7 +224,7 @@ class DurableQueue:
                 self.records.granted(request_id, grant.lease.id)
                 continue
             self._end(grant.lease.id, RELEASED, LEFT)
-        if grants:
+        if saving:
             self.waiting.announce(self.manager)
 
     async def _persist_grant(self: BrokerService, lease: Lease, saved: asyncio.Future[None] | None = None) -> None:

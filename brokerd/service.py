@@ -211,9 +211,12 @@ class BrokerService(Acquiring, DurableQueue, Governance, Timers):
             self._spawn(self._logged(self._record_end(self.manager.end(lease_id, state, reason))))
 
     def _record_end(self, lease: Lease) -> asyncio.Future[None]:
-        """Queue the end's commit right away, at the moment it happened in memory: the
-        writer commits in queue order, so a grant of the freed devices (queued later by
-        the pump) can never be committed before this end."""
+        """Queue the end's commit right away, at the moment it happened in memory, and
+        grant what it freed in the same commit (LeaseStore.hold): the pump runs in the
+        loop's next step, once every end of this step is queued (an expiry ends several
+        leases at once), so a grant of freed devices is never on disk before their end."""
+        self.store.hold()
+        asyncio.get_running_loop().call_soon(self._pump_held)  # first: whatever follows raises, it releases
         saved = self.store.save_end(lease)
         self.records.drop_lease(lease.id)
         self._forget_if_idle(lease.holder.process)
@@ -229,9 +232,19 @@ class BrokerService(Acquiring, DurableQueue, Governance, Timers):
                 hook.ended(lease)
             except Exception:
                 log.exception("%s failed after the end of lease %s", hook.name, lease.id)
-        self._spawn(self._pump())
         self.on_change()
         return saved
+
+    def _pump_held(self) -> None:
+        """The pump after an end: its grants join the held end in one transaction. A plain
+        callback, not a task: it runs even when the loop is cancelling tasks, so held
+        writes always reach the writer."""
+        try:
+            saving = self._grant_now()
+        finally:
+            self.store.release_held()
+        if saving:
+            self._spawn(self._deliver(saving))
 
     def _refused_by_hooks(self, lease: Lease) -> str:
         """Run the hooks a grant needs before its holder hears of it (brokerd/lease_hooks.py);

@@ -149,7 +149,8 @@ class LeaseStore:
         self.fsync_all = durability == "power"
         self._synced = True  # the connection's synchronous level is FULL (as opened)
         self._conn: sqlite3.Connection | None = None
-        self._ops: queue.SimpleQueue[_Write | None] = queue.SimpleQueue()
+        self._ops: queue.SimpleQueue[list[_Write] | None] = queue.SimpleQueue()
+        self._held: list[_Write] | None = None  # writes held back for one transaction (hold())
         self._thread: threading.Thread | None = None
         self.commits = 0  # transactions committed, for the benchmark's batching figure
 
@@ -254,9 +255,25 @@ class LeaseStore:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if self._thread is None:  # closed (shutting down): say so rather than never answer
             future.set_exception(StateError("the lease database is closed"))
+        elif self._held is not None:
+            self._held.append(_Write(op, future, fsync or self.fsync_all))
         else:
-            self._ops.put(_Write(op, future, fsync or self.fsync_all))
+            self._ops.put([_Write(op, future, fsync or self.fsync_all)])
         return future
+
+    def hold(self) -> None:
+        """Hold the writes submitted from now on, until release_held() hands them to the
+        writer as one item: one transaction (one by one only if that fails). A lease's end
+        and the grants of the devices it freed then reach the disk, and their waiter, at
+        once; without this the writer took the end alone whenever the loop let go of the
+        GIL before the pump had queued the grants."""
+        if self._held is None:
+            self._held = []
+
+    def release_held(self) -> None:
+        held, self._held = self._held, None
+        if held:
+            self._ops.put(held)
 
     def save_grant(self, lease: Lease, request_id: str = "") -> asyncio.Future[None]:
         """Record a grant (of queued request `request_id`, if any) as it is now: a lease
@@ -360,7 +377,7 @@ class LeaseStore:
             item = self._ops.get()
             if item is None:
                 return
-            batch = [item]
+            batch = list(item)
             while True:
                 try:
                     more = self._ops.get_nowait()
@@ -369,7 +386,7 @@ class LeaseStore:
                 if more is None:
                     self._run_batch(batch)
                     return
-                batch.append(more)
+                batch.extend(more)
             self._run_batch(batch)
 
     def _transaction(self, ops: list[Op], fsync: bool) -> None:
@@ -410,6 +427,7 @@ class LeaseStore:
 
     def close(self) -> None:
         if self._thread is not None:
+            self.release_held()
             self._ops.put(None)
             self._thread.join(timeout=10)
             self._thread = None

@@ -11,6 +11,7 @@ from pathlib import Path
 from brokerd.config import Config
 from brokerd.contract import Requirement
 from brokerd.devices import Device, Snapshot
+from brokerd.lease_hooks import LeaseHook
 from brokerd.lease_model import RELEASED, Lease
 from brokerd.process import Identity
 from brokerd.procinfo import start_time
@@ -197,3 +198,47 @@ def test_a_waiter_blocked_by_its_own_lease_is_told_why(tmp_path: Path):
     # The fair queue serves the user who holds nothing first: they move ahead of the
     # request of the user already holding a device.
     assert theirs.startswith("waiting for 2 GPUs: position 1 of 2 (waiting for a device to come free); "), theirs
+
+
+def test_an_end_and_the_grant_it_frees_are_one_commit(tmp_path: Path):
+    """The hand-over is one transaction (LeaseStore.hold): on disk the device goes from the
+    old holder to the next one at once, and the next waiter hears of it one commit sooner
+    (issue 16). Hooks on the end (the device gate closing the node) still run before the
+    pump grants."""
+    async def scenario() -> tuple[int, str]:
+        store = LeaseStore(tmp_path)
+        store.open()
+        service = BrokerService(Config(state_dir=tmp_path), store, one_gpu())
+        service.restore([], [])
+        first = service.acquire(me(), Requirement(1), wait=True, max_wait_s=None)
+        holding = await anext(first)
+        second = service.acquire(me(), Requirement(1), wait=True, max_wait_s=None)
+        assert isinstance(await anext(second), QueuedUpdate)
+        await asyncio.sleep(0.05)  # the queued request's own commit is done
+        order: list[str] = []
+
+        class Hook(LeaseHook):
+            name = "order"
+
+            def granted(self, lease: Lease) -> None:
+                order.append("granted")
+
+            def ended(self, lease: Lease) -> None:
+                order.append("ended while " + ("granted" if service.manager.queue == [] else "queued"))
+                time.sleep(0.02)  # as a hook doing I/O (the gate's ACL calls): the writer thread runs meanwhile
+
+        service.hooks.append(Hook())
+        before = store.commits
+        await service.release(me(), holding.id)
+        granted = await anext(second)
+        assert isinstance(granted, Lease) and granted.active
+        commits, seen = store.commits - before, ", ".join(order)
+        await second.aclose()
+        await first.aclose()
+        await service.close()
+        store.close()
+        return commits, seen
+
+    commits, order = asyncio.run(scenario())
+    assert order == "ended while queued, granted"
+    assert commits == 1

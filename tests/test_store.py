@@ -381,3 +381,27 @@ def test_a_version_1_database_is_migrated_in_place_and_keeps_its_leases(tmp_path
     assert raw(tmp_path, "SELECT value FROM meta WHERE key='schema_version'") == [(str(SCHEMA_VERSION),)]
     active, _, _ = reopen(tmp_path)  # and it opens again as the current version
     assert [lease.id for lease in active] == ["l-old"]
+
+
+def test_held_saves_wait_for_release_then_commit_as_one_transaction(tmp_path: Path):
+    """LeaseStore.hold: what the service uses to put an end and the grants it frees into
+    one commit. Nothing held is committed early, and a close still commits it."""
+    first, second, third = (make_lease(f"l-{i}", f"GPU-{i}") for i in range(3))
+
+    async def scenario() -> tuple[int, list[str]]:
+        store = LeaseStore(tmp_path)
+        store.open()
+        gate = WriterGate(store)
+        store.hold()
+        saved = [store.save_grant(first), store.save_grant(second)]
+        await asyncio.sleep(0.05)  # the writer thread is free to run meanwhile
+        assert not any(f.done() for f in saved) and raw(tmp_path, "SELECT id FROM leases") == []
+        store.release_held()
+        await asyncio.gather(*saved)
+        transactions = gate.transactions
+        store.hold()
+        store.save_grant(third)  # held, and never released: close() commits it
+        store.close()
+        return transactions, sorted(lease.id for lease in reopen(tmp_path)[0])
+
+    assert asyncio.run(scenario()) == (1, ["l-0", "l-1", "l-2"])
