@@ -67,8 +67,8 @@ def test_startup_benchmark_prints_every_command() -> None:
     done = _bench("-m", "bench.startup", "--runs", "1", "--json")
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
-    assert set(result["figures"]) == {"python -c pass", "python -c 'import grpc'", "vaccel run --gpus 1 -- true",
-                                      "vaccel status"}
+    assert set(result["figures"]) == {"python -c pass", "python -c 'import grpc'", "client floor (stdlib + protobuf)",
+                                      "vaccel run --gpus 1 -- true", "vaccel status"}
     for name, row in result["figures"].items():
         assert row["n"] == 1 and row["p50_ms"] > 0, name
     assert set(result["goals"]) == {"run_median_at_most_100_ms", "status_median_at_most_150_ms"}
