@@ -201,8 +201,8 @@ class DurableQueue:
         await self._deliver(self._grant_now())
 
     def _grant_now(self: BrokerService) -> list[tuple[Grant, asyncio.Future[None]]]:
-        """The pump's grants, made in memory and queued for commit (no await: a caller in
-        a LeaseStore.together block gets them into its own transaction)."""
+        """The pump's grants, made in memory and queued for commit (no await: a caller that
+        holds the store's writes, LeaseStore.hold, gets them into its own transaction)."""
         return [(grant, self.store.save_grant(grant.lease, grant.request.id)) for grant in self.manager.pump()]
 
     async def _deliver(self: BrokerService, saving: list[tuple[Grant, asyncio.Future[None]]]) -> None:
