@@ -117,10 +117,12 @@ def connections(count: int, hold_s: float) -> dict:
     return {"opened": len(held)}
 
 
-def _side(path: str, payload: bytes) -> str:
-    """What the identity socket answers to `payload` after the token line."""
+def side_exchange(path: str, payload: bytes, timeout: float = 30) -> tuple[bytes, bytes]:
+    """Send `payload` on the identity socket; (token line, everything after it). A daemon
+    that hangs up without reading what we sent resets the connection: that is an end too.
+    (tests/test_side_calls.py uses it as well.)"""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(30)
+        s.settimeout(timeout)
         s.connect(path)
         data = b""
         try:
@@ -129,7 +131,13 @@ def _side(path: str, payload: bytes) -> str:
                 data += chunk
         except (ConnectionResetError, BrokenPipeError):
             pass
-    _, _, rest = data.partition(b"\n")
+    line, _, rest = data.partition(b"\n")
+    return line, rest
+
+
+def _side(path: str, payload: bytes) -> str:
+    """What the identity socket answers to `payload` after the token line."""
+    _, rest = side_exchange(path, payload)
     header = parse_reply_header(rest.partition(b"\n")[0]) if rest else None
     return f"reply {header[0]}" if header else "no reply"
 

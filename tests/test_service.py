@@ -25,8 +25,23 @@ def me() -> Identity:
     return Identity(os.getuid(), os.getgid(), os.getpid(), start_time(os.getpid()) or 0)
 
 
+def gpus(count: int) -> Snapshot:
+    return Snapshot(tuple(Device(i, f"GPU-{i}", "nvidia", "card", 1024, "cuda", "sm_80", simulated=True)
+                          for i in range(count)), simulated=True)
+
+
 def one_gpu() -> Snapshot:
-    return Snapshot((Device(0, "GPU-0", "nvidia", "card", 1024, "cuda", "sm_80", simulated=True),), simulated=True)
+    return gpus(1)
+
+
+def open_service(state_dir: Path, snapshot: Snapshot) -> tuple[LeaseStore, BrokerService]:
+    """A store opened in `state_dir` and a service on it with nothing to restore (call it
+    inside the event loop: the service watches processes from it)."""
+    store = LeaseStore(state_dir)
+    store.open()
+    service = BrokerService(Config(state_dir=state_dir), store, snapshot)
+    service.restore([], [])
+    return store, service
 
 
 async def eventually(condition: Callable[[], object], what: str, timeout: float = 10.0) -> None:
@@ -62,10 +77,7 @@ def grant_announced(service: BrokerService, state_dir: Path) -> asyncio.Event:
 
 def test_a_grant_left_in_the_mailbox_of_a_leaving_waiter_is_handed_back(tmp_path: Path):
     async def scenario() -> Lease:
-        store = LeaseStore(tmp_path)
-        store.open()
-        service = BrokerService(Config(state_dir=tmp_path), store, one_gpu())
-        service.restore([], [])
+        store, service = open_service(tmp_path, one_gpu())
         first = service.acquire(me(), Requirement(1), wait=True, max_wait_s=None)
         holding = await anext(first)
         assert isinstance(holding, Lease)
@@ -170,12 +182,7 @@ def test_a_waiter_blocked_by_its_own_lease_is_told_why(tmp_path: Path):
     """It keeps no device back from others (brokerd/reservations.py), so its queue line
     must say what it waits for: one of its own user's leases to end."""
     async def scenario() -> tuple[str, str]:
-        store = LeaseStore(tmp_path)
-        store.open()
-        devices = tuple(Device(i, f"GPU-{i}", "nvidia", "card", 1024, "cuda", "sm_80", simulated=True)
-                        for i in range(2))
-        service = BrokerService(Config(state_dir=tmp_path), store, Snapshot(devices, simulated=True))
-        service.restore([], [])
+        store, service = open_service(tmp_path, gpus(2))
         try:
             holding = service.acquire(me(), Requirement(1), wait=False, max_wait_s=None)
             assert isinstance(await anext(holding), Lease)
@@ -206,10 +213,7 @@ def test_an_end_and_the_grant_it_frees_are_one_commit(tmp_path: Path):
     (issue 16). Hooks on the end (the device gate closing the node) still run before the
     pump grants."""
     async def scenario() -> tuple[int, str]:
-        store = LeaseStore(tmp_path)
-        store.open()
-        service = BrokerService(Config(state_dir=tmp_path), store, one_gpu())
-        service.restore([], [])
+        store, service = open_service(tmp_path, one_gpu())
         first = service.acquire(me(), Requirement(1), wait=True, max_wait_s=None)
         holding = await anext(first)
         second = service.acquire(me(), Requirement(1), wait=True, max_wait_s=None)

@@ -15,6 +15,7 @@ from pathlib import Path
 from vaccel.connection import BrokerConnection
 
 from tests.conftest import Broker
+from tests.hostile_client import side_exchange
 from vaccel_common.side_call import MAX_REQUEST_BYTES, METHODS, parse_reply_header, request_header
 from vaccel_common.v1 import broker_pb2 as pb
 
@@ -24,20 +25,7 @@ def id_path(broker: Broker) -> str:
 
 
 def raw_call(path: str, payload: bytes) -> tuple[bytes, bytes]:
-    """Send `payload` on the identity socket; (token line, everything after it). A daemon
-    that hangs up without reading what we sent resets the connection: that is an end too."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(15)
-        sock.connect(path)
-        data = b""
-        try:
-            sock.sendall(payload)
-            while chunk := sock.recv(65536):
-                data += chunk
-        except (ConnectionResetError, BrokenPipeError):
-            pass
-    line, _, rest = data.partition(b"\n")
-    return line, rest
+    return side_exchange(path, payload, timeout=15)
 
 
 def reply_of(rest: bytes) -> tuple[int, bytes]:

@@ -6,23 +6,15 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from brokerd.config import Config
 from brokerd.contract import Requirement
-from brokerd.devices import Device, Snapshot
-from brokerd.service import BrokerService
 from brokerd.status_cache import MAX_AGE_S, StatusCache
-from brokerd.store import LeaseStore
+from tests.test_service import gpus, open_service
 from tests.test_service import me as current_process
 
 
 def test_one_reply_serves_every_poller_until_the_state_or_the_second_changes(tmp_path: Path):
     async def scenario() -> None:
-        store = LeaseStore(tmp_path)
-        store.open()
-        devices = tuple(Device(i, f"GPU-{i}", "nvidia", "card", 1024, "cuda", "sm_80", simulated=True)
-                        for i in range(2))
-        service = BrokerService(Config(state_dir=tmp_path), store, Snapshot(devices, simulated=True))
-        service.restore([], [])
+        store, service = open_service(tmp_path, gpus(2))
         now = [100.0]
         cache = StatusCache(clock=lambda: now[0])
         builds: list[int] = []
