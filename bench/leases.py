@@ -296,7 +296,7 @@ class Bench:
             # Own session: a Ctrl-C at the terminal reaches us, and we stop the daemon cleanly.
             self._broker = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
                                             start_new_session=True)
-        id_socket = identity_socket(socket_path)
+        id_socket = Path(identity_socket(socket_path))
         deadline = time.monotonic() + START_TIMEOUT_S
         while not (socket_path.exists() and id_socket.exists()):
             if self._broker.poll() is not None or time.monotonic() > deadline:

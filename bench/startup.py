@@ -51,7 +51,7 @@ def commands() -> dict[str, list[str]]:
     return {
         "python -c pass": [sys.executable, "-c", "pass"],
         "python -c 'import grpc'": [sys.executable, "-c", "import grpc"],
-        FLOOR: [sys.executable, "-c", "import argparse, ctypes, json, pathlib, signal, socket, subprocess, threading; "
+        FLOOR: [sys.executable, "-c", "import argparse, ctypes, json, signal, socket, subprocess, threading; "
                 "import vaccel_common.v1.broker_pb2; import os; os._exit(0)"],
         "vaccel run --gpus 1 -- true": [*vaccel, "run", "-q", "--gpus", "1", "--", "true"],
         "vaccel status": [*vaccel, "status"],

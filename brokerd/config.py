@@ -27,7 +27,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Config:
-    socket: Path = field(default_factory=default_socket)
+    socket: Path = field(default_factory=lambda: Path(default_socket()))
     # Every local user must be able to connect; who may do what is decided per call
     # from kernel-verified credentials, not by file permissions.
     socket_mode: int = 0o666

@@ -161,7 +161,7 @@ class Daemon:
         server.add_insecure_port(f"unix:{config.socket}")
         await server.start()
         # The same handlers answer a short-lived client's unary calls on the identity socket.
-        identity = IdentityServer(authority, identity_socket(config.socket), config.socket_mode,
+        identity = IdentityServer(authority, Path(identity_socket(config.socket)), config.socket_mode,
                                   SideCalls(handlers))
         await identity.start()
         for path in (config.socket, identity.path):

@@ -269,9 +269,9 @@ def test_a_squatted_personal_socket_folder_makes_the_client_use_the_system_broke
         monkeypatch.setattr(paths.os, "getuid", lambda: uid)
         monkeypatch.delenv("VACCEL_SOCKET", raising=False)
         monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
-        assert paths.client_socket() == system
+        assert paths.client_socket() == str(system)
         os.chown(squat, uid, uid)  # the user's own folder is used as before
-        assert paths.client_socket() == squat / "brokerd.sock"
+        assert paths.client_socket() == str(squat / "brokerd.sock")
     finally:
         (squat / "brokerd.sock").unlink(missing_ok=True)
         squat.rmdir()

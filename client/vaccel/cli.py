@@ -12,9 +12,9 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+from vaccel.cli_parser import Parser, RawDescriptionHelpFormatter
 from vaccel.connection import BrokerConnection, BrokerUnavailable
 from vaccel.grpc_lazy import grpc
 from vaccel.lease_types import LeaseError
@@ -177,7 +177,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from vaccel.facts import gather_facts
 
     try:
-        files = load_contract_files(args.spec, args.config, Path.cwd())
+        files = load_contract_files(args.spec, args.config, os.getcwd())
     except ContractFileError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
     request = pb.CheckRequest(
@@ -298,10 +298,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     socket_help = "the broker's socket (default: $VACCEL_SOCKET, then the standard places)"
     # Accepted before or after the command; SUPPRESS keeps a subcommand from resetting a
     # --socket given before it.
-    common = argparse.ArgumentParser(add_help=False)
+    common = Parser(add_help=False)
     common.add_argument("--socket", default=argparse.SUPPRESS, help=socket_help)
-    parser = argparse.ArgumentParser(prog="vaccel", description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="vaccel", description=DESCRIPTION, formatter_class=RawDescriptionHelpFormatter)
     parser.add_argument("--socket", default=None, help=socket_help)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     if command in _COMMANDS:

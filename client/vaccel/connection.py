@@ -15,7 +15,6 @@ import socket
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from vaccel.grpc_lazy import grpc, side_call_error
@@ -58,20 +57,21 @@ class BrokerUnavailable(ConnectionError):
         self.transient = transient
 
 
-def _unreachable(path: Path, why: str) -> BrokerUnavailable:
+def _unreachable(path: str, why: str) -> BrokerUnavailable:
     return BrokerUnavailable(
         f"cannot reach the vaccel broker at {path}: {why}. Is vaccel-brokerd running? "
         "(systemctl status vaccel-brokerd; or set VACCEL_SOCKET to your broker's socket)"
     )
 
 
-def _check_fallback_folder(path: Path) -> None:
+def _check_fallback_folder(path: str) -> None:
     """/tmp/vaccel-$UID is a fixed name in a shared folder: another user could create it
     first and serve an impostor broker there. Talk to it only if it is ours."""
-    if path.parent != Path(f"/tmp/vaccel-{os.getuid()}"):
+    folder = os.path.dirname(os.path.normpath(path))
+    if folder != f"/tmp/vaccel-{os.getuid()}":
         return
     try:
-        owner = path.parent.stat().st_uid
+        owner = os.stat(folder).st_uid
     except FileNotFoundError:
         return
     if owner != os.getuid():
@@ -104,7 +104,7 @@ class BrokerConnection:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout)
         try:
-            sock.connect(str(identity_socket(self.path)))
+            sock.connect(identity_socket(self.path))
         except OSError as exc:
             sock.close()
             if isinstance(exc, FileNotFoundError):

@@ -11,11 +11,14 @@ A named file that cannot be read is an error; an absent default file is simply a
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 from typing import NamedTuple
 
 DEFAULT_SPEC = "runtime-spec.yaml"
 DEFAULT_CONFIG = "accelerator-config.yaml"
+
+# Paths here are strings, cleaned as pathlib would show them: `vaccel run` looks for these
+# files on every start, and importing pathlib would cost it ~9 ms.
 
 
 class ContractFileError(ValueError):
@@ -28,7 +31,7 @@ class ContractFiles(NamedTuple):
     config_text: str = ""
     config_name: str = ""
     packages: tuple[str, ...] = ()  # dependency names the spec lists
-    config_path: Path | None = None  # absolute; the accelerator reads its amp_config
+    config_path: str | None = None  # absolute; the accelerator reads its amp_config
 
     @property
     def empty(self) -> bool:
@@ -36,16 +39,17 @@ class ContractFiles(NamedTuple):
 
 
 def load_contract_files(
-    contract: str | Path | None, config: str | Path | None, cwd: Path
+    contract: str | os.PathLike[str] | None, config: str | os.PathLike[str] | None, cwd: str | os.PathLike[str]
 ) -> ContractFiles:
     """Read the contract files for a job started in `cwd`. Raises ContractFileError."""
+    cwd = os.fspath(cwd)
     config_path = _explicit(config, cwd, "accelerator config") if config else _default(
-        cwd / DEFAULT_CONFIG)
+        _join(cwd, DEFAULT_CONFIG))
     config_text = _read(config_path, "accelerator config") if config_path else ""
     if contract:
-        spec_path: Path | None = _explicit(contract, cwd, "runtime contract")
+        spec_path: str | None = _explicit(contract, cwd, "runtime contract")
     else:
-        spec_path = _from_config(config_text, config_path) or _default(cwd / DEFAULT_SPEC)
+        spec_path = _from_config(config_text, config_path) or _default(_join(cwd, DEFAULT_SPEC))
     spec_text = _read(spec_path, "runtime contract") if spec_path else ""
     return ContractFiles(
         spec_text=spec_text,
@@ -53,33 +57,41 @@ def load_contract_files(
         config_text=config_text,
         config_name=_shown(config_path, cwd),
         packages=dependency_names(spec_text),
-        config_path=config_path.resolve() if config_path else None,
+        config_path=os.path.realpath(config_path) if config_path else None,
     )
 
 
-def _explicit(path: str | Path, cwd: Path, what: str) -> Path:
-    resolved = Path(path).expanduser()
-    resolved = resolved if resolved.is_absolute() else cwd / resolved
-    if not resolved.is_file():
-        reason = "is a directory" if resolved.is_dir() else "does not exist"
-        raise ContractFileError(f"{what} {path}: {reason}")
+def _join(folder: str, path: str) -> str:
+    """`folder / path` as pathlib joins and shows it: an absolute `path` wins, and empty
+    and "." parts drop out (".." stays: a symlinked folder's parent is not lexical)."""
+    joined = os.path.join(folder, os.path.expanduser(path))
+    parts = [part for part in joined.split("/") if part not in ("", ".")]
+    return ("/" if joined.startswith("/") else "") + "/".join(parts) or "."
+
+
+def _explicit(path: str | os.PathLike[str], cwd: str, what: str) -> str:
+    resolved = _join(cwd, os.fspath(path))
+    if not os.path.isfile(resolved):
+        reason = "is a directory" if os.path.isdir(resolved) else "does not exist"
+        raise ContractFileError(f"{what} {os.fspath(path)}: {reason}")
     return resolved
 
 
-def _default(path: Path) -> Path | None:
-    return path if path.is_file() else None
+def _default(path: str) -> str | None:
+    return path if os.path.isfile(path) else None
 
 
-def _read(path: Path, what: str) -> str:
+def _read(path: str, what: str) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        with open(path, encoding="utf-8") as file:
+            return file.read()
     except OSError as exc:
         raise ContractFileError(f"{what} {path}: cannot read: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise ContractFileError(f"{what} {path}: not UTF-8 text") from None
 
 
-def _from_config(config_text: str, config_path: Path | None) -> Path | None:
+def _from_config(config_text: str, config_path: str | None) -> str | None:
     """The config's runtime_contract, resolved against the config's folder."""
     if not config_text or config_path is None:
         return None
@@ -92,21 +104,22 @@ def _from_config(config_text: str, config_path: Path | None) -> Path | None:
     target = doc.get("runtime_contract") if isinstance(doc, dict) else None
     if not isinstance(target, str) or not target.strip():
         return None
-    path = Path(target.strip()).expanduser()
-    path = path if path.is_absolute() else config_path.parent / path
-    if not path.is_file():
+    path = _join(os.path.dirname(config_path), target.strip())
+    if not os.path.isfile(path):
         raise ContractFileError(f"{config_path}: runtime_contract {target} not found "
                                 f"(looked for {path})")
     return path
 
 
-def _shown(path: Path | None, cwd: Path) -> str:
+def _shown(path: str | None, cwd: str) -> str:
+    """`path` relative to `cwd` when it lies under it (lexically, as pathlib's relative_to)."""
     if path is None:
         return ""
-    try:
-        return str(path.relative_to(cwd))
-    except ValueError:
-        return str(path)
+    folder = _join(cwd, "")
+    if path == folder:
+        return "."
+    prefix = folder.rstrip("/") + "/"
+    return path[len(prefix):] if path.startswith(prefix) else path
 
 
 def dependency_names(spec_text: str) -> tuple[str, ...]:

@@ -26,7 +26,6 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -209,7 +208,7 @@ class lease:
         exc_type = type("LeaseLost", (LeaseLost,), {"__init__": lambda s: LeaseLost.__init__(s, message)})
         _raise_in_thread(self._owner_thread, exc_type)
 
-    def _apply_env(self, env: dict[str, str], config_path: Path | None) -> None:
+    def _apply_env(self, env: dict[str, str], config_path: str | None) -> None:
         # Clear what another backend may have left so only this lease's devices are visible.
         for key in (*DEVICE_ENV_VARS, *env):
             if key not in self._saved_env:

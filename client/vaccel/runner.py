@@ -39,7 +39,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from vaccel.lease_types import Lease, LeaseEnding
 from vaccel.session import LeaseRequest, LeaseSession
@@ -68,7 +67,7 @@ def _child_setup(parent_pid: int) -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _WAITED)
 
 
-def child_env(lease_obj: Lease, config_path: Path | None) -> dict[str, str]:
+def child_env(lease_obj: Lease, config_path: str | None) -> dict[str, str]:
     """Our environment with only the lease's devices visible (and its accelerator config)."""
     env = {k: v for k, v in os.environ.items() if k not in DEVICE_ENV_VARS}
     env.update(lease_obj.env)

@@ -25,7 +25,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from types import TracebackType
 from typing import Any, NamedTuple
 
@@ -112,7 +111,7 @@ class LeaseRequest(_RequestFields):
         time_limit_s(self.time)
         return self
 
-    def build(self, cwd: Path) -> tuple[pb.AcquireRequest, ContractFiles]:
+    def build(self, cwd: str) -> tuple[pb.AcquireRequest, ContractFiles]:
         """The Acquire request and the contract files it carries (ContractFileError when a
         named file cannot be read)."""
         files = load_contract_files(self.contract, self.config, cwd)
@@ -218,7 +217,7 @@ class LeaseSession:
         self._heartbeat: _Heartbeat | None = None
 
     @property
-    def config_path(self) -> Path | None:
+    def config_path(self) -> str | None:
         """The accelerator config the request carried (absolute), for the job's accelerator."""
         return self.files.config_path
 
@@ -255,7 +254,7 @@ class LeaseSession:
         return self.lease
 
     def _acquisition(self, request: LeaseRequest) -> Acquisition:
-        wire, self.files = request.build(Path.cwd())
+        wire, self.files = request.build(os.getcwd())
         return Acquisition(self.connection, wire, self.on_queue, self._say)
 
     # -- holding it ---------------------------------------------------------------------
