@@ -28,7 +28,7 @@ DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16vaccel/v1/brok
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'vaccel.v1.broker_pb2', _globals)
+_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'vaccel_common.v1.broker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_CLIENTFACTS_PACKAGESENTRY']._loaded_options = None
