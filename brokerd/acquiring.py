@@ -70,9 +70,13 @@ class Acquiring:
             finally:
                 await resumed.aclose()
             return
-        outcome = self._submit(holder, requirement, wait=wait, **asked)
+        outcome: Lease | Request | None = await self._granted_before(key, holder)
+        if outcome is None:
+            outcome = self._submit(holder, requirement, wait=wait, **asked)
+            if isinstance(outcome, Lease):
+                outcome.request_key = key
+                await self._persist_grant(outcome)
         if isinstance(outcome, Lease):
-            await self._persist_grant(outcome)
             try:
                 yield outcome
             except GeneratorExit:
@@ -106,10 +110,32 @@ class Acquiring:
             raise Busy("this request already waits in the queue")
         if self.slurm is not None:  # Slurm allocates (brokerd/slurm/delegate.py)
             return await self.slurm.acquire_now(holder, requirement, **asked)
+        again = await self._granted_before(key, holder)
+        if again is not None:
+            return again
         outcome = self._submit(holder, requirement, wait=False, log_busy=not may_wait, **asked)
         assert isinstance(outcome, Lease), "a request that may not wait is granted or refused"
+        outcome.request_key = key
         await self._persist_grant(outcome)
         return outcome
+
+    async def _granted_before(self: BrokerService, key: str, holder: Holder) -> Lease | None:
+        """The active lease this very process was granted under `key`, once it is durable.
+        A client whose reply was lost (the broker died between the grant's commit and its
+        answer, or the connection dropped) asks again under the same key: it gets the lease
+        it holds, not a second one that would sit on another device until it exits."""
+        if not key:
+            return None
+        lease = next((lease for lease in self.manager.leases.values()
+                      if lease.request_key == key and lease.holder.process == holder.process), None)
+        if lease is None:
+            return None
+        await self.store.committed()  # the first answer may still wait for the grant's commit
+        if self.manager.leases.get(lease.id) is not lease:  # its commit failed, or it ended meanwhile
+            return None
+        log_event("reattach", f"{holder.user} (pid {holder.pid}) asked again for lease {lease.id}",
+                  lease_id=lease.id, user=holder.user, pid=holder.pid)
+        return lease
 
     def _submit(self: BrokerService, holder: Holder, requirement: Requirement, *, wait: bool,
                 accelerator_config_yaml: str = "", cache_key: Hashable | None = None,

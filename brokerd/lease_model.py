@@ -50,6 +50,9 @@ class Lease:
     notice: str = ""  # why it ends early at expires_at (an admin's revoke with grace, idle reclaim)
     time_limit_s: float = 0.0  # the time limit it was granted with, 0 = none
     ending_state: str = ""  # the state it ends in at expires_at when `notice` says it ends early
+    # The client's key for the request it was granted on: the same process asking again
+    # under it (the reply was lost) gets this lease back (brokerd/acquiring.py).
+    request_key: str = ""
 
     @property
     def active(self) -> bool:

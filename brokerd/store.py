@@ -41,7 +41,7 @@ from brokerd.queue_record import WaitRecord
 
 log = logging.getLogger("vaccel.brokerd")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # Columns each older version lacks, added in place at start-up (after the read-only checks).
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -51,6 +51,7 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         "ALTER TABLE leases ADD COLUMN time_limit_s REAL NOT NULL DEFAULT 0",
         "ALTER TABLE leases ADD COLUMN ending_state TEXT NOT NULL DEFAULT ''",
     ),
+    2: ("ALTER TABLE leases ADD COLUMN request_key TEXT NOT NULL DEFAULT ''",),
 }
 DB_NAME = "leases.db"
 _HISTORY_DAYS = 30
@@ -69,7 +70,7 @@ CREATE TABLE IF NOT EXISTS leases (
     members TEXT NOT NULL DEFAULT '[]',
     requested_at REAL NOT NULL DEFAULT 0, reservation INTEGER NOT NULL DEFAULT 0,
     notice TEXT NOT NULL DEFAULT '', time_limit_s REAL NOT NULL DEFAULT 0,
-    ending_state TEXT NOT NULL DEFAULT ''
+    ending_state TEXT NOT NULL DEFAULT '', request_key TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS holdings (
     device_uuid TEXT PRIMARY KEY,
@@ -114,7 +115,7 @@ def _lease_row(lease: Lease) -> tuple:
         lease.ended_at, lease.end_reason, json.dumps(asdict(lease.terms)),
         json.dumps([asdict(w) for w in lease.warnings]), int(lease.simulated),
         json.dumps(sorted(lease.members)), lease.requested_at, int(lease.reservation), lease.notice,
-        lease.time_limit_s, lease.ending_state,
+        lease.time_limit_s, lease.ending_state, lease.request_key,
     )
 
 
@@ -138,6 +139,7 @@ def _lease_from_row(row: sqlite3.Row) -> Lease:
         notice=row["notice"],
         time_limit_s=row["time_limit_s"],
         ending_state=row["ending_state"],
+        request_key=row["request_key"],
     )
 
 
@@ -353,6 +355,10 @@ class LeaseStore:
         stale = [r.request_id for r in records if r.lease_id and r.lease_id not in active]
         conn.executemany("DELETE FROM queue WHERE id=?", [(i,) for i in stale])
         return [r for r in records if r.request_id not in stale]
+
+    def committed(self) -> asyncio.Future[None]:
+        """Done once every write submitted before it is on disk (the writer commits in order)."""
+        return self._submit(lambda conn: None)
 
     def save_drain(self, uuid: str, reason: str, undo: bool) -> asyncio.Future[None]:
         def op(conn: sqlite3.Connection) -> None:
