@@ -27,6 +27,7 @@ from brokerd.contract import Evaluation, Requirement, evaluate
 from brokerd.devices import Device
 from brokerd.errors import Busy, Ended, LeaseError, NotFound, Unsatisfiable
 from brokerd.fairshare import UsageBook
+from brokerd.holders_line import holders_line
 from brokerd.lease_model import (
     ENDED_STATES,
     EXPIRED,
@@ -396,21 +397,9 @@ class LeaseManager(QueueSide):
     # -- views -------------------------------------------------------------------------
 
     def holders_summary(self) -> str:
-        """"gpu0 alice since 10:02, gpu1 bob since 09:41" for the devices now leased."""
-        parts = []
-        for device in sorted(self.devices.values(), key=lambda d: d.index):
-            lease_id = self.owner.get(device.uuid)
-            if lease_id is not None:
-                lease = self.leases[lease_id]
-                since = time.strftime("%H:%M", time.localtime(lease.granted_at))
-                parts.append(f"gpu{device.index} {lease.holder.user or lease.holder.uid} since {since}")
-            elif device.uuid in self.drained:
-                parts.append(f"gpu{device.index} drained: {self.drained[device.uuid]}")
-            elif device.uuid in self.unavailable:
-                parts.append(f"gpu{device.index} busy: {self.unavailable[device.uuid]}")
-            elif not device.healthy:
-                parts.append(f"gpu{device.index} unhealthy")
-        return ", ".join(parts) if parts else "no device is leased"
+        """"gpu0 alice since 10:02, gpu1 bob since 09:41", or on a large host the devices
+        counted per user (brokerd/holders_line.py)."""
+        return holders_line(self)
 
     def check_invariants(self) -> None:
         owners: dict[str, str] = {}
