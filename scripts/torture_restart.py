@@ -6,8 +6,10 @@ Clients loop `vaccel run --gpus 1 --wait 120 -- JOB` on simulated GPUs while the
 SIGKILLed at random points and restarted on the same state. Each job records, from
 inside, when it started and ended on which device. At the end the report says how many
 runs there were and how they exited, how many jobs ran other than exactly once to
-completion, how many pairs of jobs overlapped on one device, and how often the queue came
-back in another order than it had just before a kill. tests/test_torture_restart.py runs
+completion, how many pairs of jobs overlapped on one device, how often the queue came
+back in another order than it had just before a kill, and how many processes were granted
+a second lease while they held one (a reply lost to a kill, asked again, must get the
+first lease back). tests/test_torture_restart.py runs
 a short round of this in `make test`; `--json` prints the report for it.
 """
 
@@ -128,6 +130,31 @@ def client_loop(daemon: Daemon, jobs: Path, name: str, stop: threading.Event, ru
         runs.append((f"{name}-{n}", code))
 
 
+_ENDS = {"released", "expired", "revoked", "exit", "lost", "idle", "time_limit"}  # lease_model's end states
+
+
+def granted_twice(broker_log: Path) -> list[tuple[str, str, str]]:
+    """(pid, lease held, lease granted) where the broker granted a process a lease while it
+    still held another: what a lost reply asked again must never get (a `vaccel run` asks
+    once). Read from the broker's event lines, in order, across every restart."""
+    holder_of: dict[str, str] = {}  # lease id -> pid
+    held: dict[str, str] = {}  # pid -> the lease it holds
+    twice = []
+    for line in broker_log.read_text(errors="replace").splitlines():
+        words = line.split(" ")
+        if len(words) < 5 or not words[4].startswith("lease="):
+            continue
+        event, lease = words[3], words[4].removeprefix("lease=")
+        if event == "grant":
+            pid = next((w.removeprefix("pid=").rstrip(":") for w in words if w.startswith("pid=")), "")
+            if pid in held:
+                twice.append((pid, held[pid], lease))
+            held[pid], holder_of[lease] = lease, pid
+        elif event in _ENDS and holder_of.get(lease) in held and held[holder_of[lease]] == lease:
+            del held[holder_of.pop(lease)]
+    return twice
+
+
 def overlaps(intervals: dict[str, list[tuple[float, float, str]]]) -> list[tuple[str, str, str]]:
     found = []
     for device, spans in intervals.items():
@@ -186,6 +213,7 @@ def torture(kills: int, clients: int, gpus: int, max_gap_s: float, seed: int, ke
             continue
         (_, device, t0), (_, _, t1) = (line.split() for line in lines)
         intervals[device].append((float(t0), float(t1), job))
+    twice = granted_twice(work / "brokerd.log")
     codes = collections.Counter(code for _, code in runs)
     failures = [(job, code, (jobs / f"{job}.err").read_text()[-300:]) for job, code in runs if code != 0]
     report = {
@@ -193,9 +221,9 @@ def torture(kills: int, clients: int, gpus: int, max_gap_s: float, seed: int, ke
         "exit_codes": {str(k): v for k, v in sorted(codes.items())},
         "jobs_not_run_exactly_once": len(not_once), "overlaps": len(overlaps(intervals)),
         "queued_at_kills": queued_at_kills, "restored_waiting": restored_waiting,
-        "queue_reordered": len(reordered),
+        "queue_reordered": len(reordered), "processes_granted_twice": len(twice),
         "examples": {"failures": failures[:3], "not_once": not_once[:3], "overlaps": overlaps(intervals)[:3],
-                     "reordered": reordered[:3]},
+                     "reordered": reordered[:3], "granted_twice": twice[:3]},
         "broker_restarted_lines": sum("broker restarted; still waiting" in p.read_text()
                                       for p in jobs.glob("*.err")),
     }
@@ -228,7 +256,7 @@ def main() -> int:
         if any(report["examples"].values()):
             print("examples:", json.dumps(report["examples"], indent=1))
     clean = (set(report["exit_codes"]) == {"0"} and not report["jobs_not_run_exactly_once"]
-             and not report["overlaps"] and not report["queue_reordered"])
+             and not report["overlaps"] and not report["queue_reordered"] and not report["processes_granted_twice"])
     return 0 if clean else 1
 
 

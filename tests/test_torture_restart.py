@@ -1,8 +1,9 @@
 """The broker SIGKILLed at random points, 50 times, while clients loop short jobs
 (scripts/torture_restart.py; run it with --kills 200 for the long round): every run
 exits 0, every job ran exactly once to completion, no two jobs were ever on one device
-at the same instant (intervals recorded from inside the jobs), and the queue came back
-in the order it had just before each kill."""
+at the same instant (intervals recorded from inside the jobs), the queue came back in
+the order it had just before each kill, and no process was granted a second lease while
+it held one."""
 
 from __future__ import annotations
 
@@ -27,5 +28,6 @@ def test_fifty_kills_lose_no_job_no_place_and_never_share_a_device():
     assert report["jobs_not_run_exactly_once"] == 0, examples["not_once"]
     assert report["overlaps"] == 0, examples["overlaps"]
     assert report["queue_reordered"] == 0, examples["reordered"]
+    assert report["processes_granted_twice"] == 0, examples["granted_twice"]
     assert report["restored_waiting"] > 0, "no kill found anyone waiting: the queue's survival went untested"
     assert out.returncode == 0
