@@ -9,8 +9,8 @@ runs there were and how they exited, how many jobs ran other than exactly once t
 completion, how many pairs of jobs overlapped on one device, how often the queue came
 back in another order than it had just before a kill, and how many processes were granted
 a second lease while they held one (a reply lost to a kill, asked again, must get the
-first lease back). tests/test_torture_restart.py runs
-a short round of this in `make test`; `--json` prints the report for it.
+first lease back). tests/test_torture_restart.py runs a short round of this in `make
+test`; `--json` prints the report for it.
 """
 
 from __future__ import annotations
