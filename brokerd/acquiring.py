@@ -123,11 +123,12 @@ class Acquiring:
         """The active lease this very process was granted under `key`, once it is durable.
         A client whose reply was lost (the broker died between the grant's commit and its
         answer, or the connection dropped) asks again under the same key: it gets the lease
-        it holds, not a second one that would sit on another device until it exits."""
+        it holds, not a second one that would sit on another device until it exits. Proven
+        as a queue record is (WaitRecords.find): the same process, and still the same user."""
         if not key:
             return None
-        lease = next((lease for lease in self.manager.leases.values()
-                      if lease.request_key == key and lease.holder.process == holder.process), None)
+        lease = next((lease for lease in self.manager.leases.values() if lease.request_key == key
+                      and lease.holder.process == holder.process and lease.holder.uid == holder.uid), None)
         if lease is None:
             return None
         await self.store.committed()  # the first answer may still wait for the grant's commit

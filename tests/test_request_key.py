@@ -112,6 +112,23 @@ def test_another_processs_ask_under_the_same_key_is_a_new_request(tmp_path: Path
         other.wait()
 
 
+def test_the_same_process_asking_as_another_user_is_a_new_request(tmp_path: Path):
+    """A process that changed its uid (a root launcher dropping to a student) is not the
+    holder of what it was granted before: as for a queue record, the user must match too."""
+    async def scenario() -> None:
+        store, service = open_service(tmp_path, gpus(2))
+        try:
+            mine = await service.acquire_now(me(), Requirement(1), key="k-setuid")
+            dropped = Identity(me().uid + 4242, me().gid, me().pid, me().start_time)
+            theirs = await service.acquire_now(dropped, Requirement(1), key="k-setuid")
+            assert theirs.id != mine.id and theirs.holder.uid == dropped.uid
+        finally:
+            await service.close()
+            store.close()
+
+    asyncio.run(scenario())
+
+
 def test_a_released_lease_is_not_handed_back_under_its_key(tmp_path: Path):
     """The key finds only a lease that is still active: asking again after a release is a new ask."""
     async def scenario() -> None:
