@@ -11,8 +11,10 @@ device until the process exits. Another process's ask under the same key is a ne
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from brokerd.config import Config
@@ -25,68 +27,61 @@ from brokerd.store import LeaseStore
 from tests.test_service import gpus, me, open_service
 
 
-def restarted(state_dir: Path, count: int) -> tuple[LeaseStore, BrokerService]:
-    """A store and a service as a restarted daemon makes them, from what is on disk."""
-    store = LeaseStore(state_dir)
-    active, ended, drained = store.open()
-    service = BrokerService(Config(state_dir=state_dir), store, gpus(count))
-    service.restore(active, ended, drained)
-    return store, service
+@contextlib.asynccontextmanager
+async def serving(state_dir: Path, count: int, *, restarted: bool = False) -> AsyncIterator[BrokerService]:
+    """A service on `count` devices, fresh or as a restarted daemon makes it from what is
+    on disk; closed (the daemon gone) on leaving."""
+    if restarted:
+        store = LeaseStore(state_dir)
+        active, ended, drained = store.open()
+        service = BrokerService(Config(state_dir=state_dir), store, gpus(count))
+        service.restore(active, ended, drained)
+    else:
+        store, service = open_service(state_dir, gpus(count))
+    try:
+        yield service
+    finally:
+        await service.close()
+        store.close()
 
 
 def test_a_lost_reply_asked_again_after_a_restart_gets_the_same_lease(tmp_path: Path):
-    async def scenario() -> tuple[str, list[str]]:
-        store, service = open_service(tmp_path, gpus(2))
-        first = await service.acquire_now(me(), Requirement(1), key="k-lost-reply")
-        await service.close()  # the daemon dies here: the grant is on disk, its reply never left
-        store.close()
-        store, service = restarted(tmp_path, 2)
-        try:
+    async def scenario() -> None:
+        async with serving(tmp_path, 2) as service:
+            first = await service.acquire_now(me(), Requirement(1), key="k-lost-reply")
+        # The daemon died there: the grant is on disk, its reply never left.
+        async with serving(tmp_path, 2, restarted=True) as service:
             again = await service.acquire_now(me(), Requirement(1), key="k-lost-reply")
             assert again.id == first.id
-            return again.id, [lease.id for lease in service.manager.leases.values() if lease.active]
-        finally:
-            await service.close()
-            store.close()
+            assert [lease.id for lease in service.manager.leases.values() if lease.active] == [first.id]
 
-    lease_id, active = asyncio.run(scenario())
-    assert active == [lease_id]
+    asyncio.run(scenario())
 
 
 def test_a_grant_on_the_stream_whose_reply_was_lost_is_the_same_lease_after_a_restart(tmp_path: Path):
     """Acquire (the stream) grants at once when a device is free: no queue record keeps
     that request, so the lease's own key must find it."""
     async def scenario() -> None:
-        store, service = open_service(tmp_path, gpus(2))
-        stream = service.acquire(me(), Requirement(1), wait=True, max_wait_s=None, key="k-stream")
-        first = await anext(stream)
-        assert isinstance(first, Lease)
-        await service.close()
-        store.close()
-        store, service = restarted(tmp_path, 2)
-        try:
+        async with serving(tmp_path, 2) as service:
+            stream = service.acquire(me(), Requirement(1), wait=True, max_wait_s=None, key="k-stream")
+            first = await anext(stream)
+            assert isinstance(first, Lease)
+        async with serving(tmp_path, 2, restarted=True) as service:
             stream = service.acquire(me(), Requirement(1), wait=True, max_wait_s=None, key="k-stream")
             again = await anext(stream)
             assert isinstance(again, Lease) and again.id == first.id
             assert [lease.id for lease in service.manager.leases.values()] == [first.id]
-        finally:
-            await service.close()
-            store.close()
 
     asyncio.run(scenario())
 
 
 def test_the_same_key_from_the_same_process_without_a_restart_is_the_same_lease(tmp_path: Path):
     async def scenario() -> None:
-        store, service = open_service(tmp_path, gpus(2))
-        try:
+        async with serving(tmp_path, 2) as service:
             first = await service.acquire_now(me(), Requirement(1), key="k-1")
             again = await service.acquire_now(me(), Requirement(1), key="k-1")
             other_key = await service.acquire_now(me(), Requirement(1), key="k-2")
             assert again.id == first.id and other_key.id != first.id
-        finally:
-            await service.close()
-            store.close()
 
     asyncio.run(scenario())
 
@@ -97,14 +92,10 @@ def test_another_processs_ask_under_the_same_key_is_a_new_request(tmp_path: Path
         stranger = Identity(os.getuid(), os.getgid(), other.pid, start_time(other.pid) or 0)
 
         async def scenario() -> None:
-            store, service = open_service(tmp_path, gpus(2))
-            try:
+            async with serving(tmp_path, 2) as service:
                 mine = await service.acquire_now(me(), Requirement(1), key="k-shared")
                 theirs = await service.acquire_now(stranger, Requirement(1), key="k-shared")
                 assert theirs.id != mine.id and theirs.holder.pid == other.pid
-            finally:
-                await service.close()
-                store.close()
 
         asyncio.run(scenario())
     finally:
@@ -116,15 +107,11 @@ def test_the_same_process_asking_as_another_user_is_a_new_request(tmp_path: Path
     """A process that changed its uid (a root launcher dropping to a student) is not the
     holder of what it was granted before: as for a queue record, the user must match too."""
     async def scenario() -> None:
-        store, service = open_service(tmp_path, gpus(2))
-        try:
+        async with serving(tmp_path, 2) as service:
             mine = await service.acquire_now(me(), Requirement(1), key="k-setuid")
             dropped = Identity(me().uid + 4242, me().gid, me().pid, me().start_time)
             theirs = await service.acquire_now(dropped, Requirement(1), key="k-setuid")
             assert theirs.id != mine.id and theirs.holder.uid == dropped.uid
-        finally:
-            await service.close()
-            store.close()
 
     asyncio.run(scenario())
 
@@ -132,14 +119,10 @@ def test_the_same_process_asking_as_another_user_is_a_new_request(tmp_path: Path
 def test_a_released_lease_is_not_handed_back_under_its_key(tmp_path: Path):
     """The key finds only a lease that is still active: asking again after a release is a new ask."""
     async def scenario() -> None:
-        store, service = open_service(tmp_path, gpus(1))
-        try:
+        async with serving(tmp_path, 1) as service:
             first = await service.acquire_now(me(), Requirement(1), key="k-done")
             await service.release(me(), first.id, "done", 0)
             again = await service.acquire_now(me(), Requirement(1), key="k-done")
             assert again.id != first.id and again.active
-        finally:
-            await service.close()
-            store.close()
 
     asyncio.run(scenario())
