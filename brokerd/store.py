@@ -1,8 +1,9 @@
 """Durable lease state: SQLite in WAL mode.
 
-A grant or release is committed before the client hears of it. Commits run on one writer
-thread, never on the event loop; writes that arrive while a commit is in flight are
-grouped into the next transaction (group commit).
+A grant or release is committed before the client hears of it. The writes of one step of
+the event loop commit together, in order (group commit): on the loop at the end of that
+step when they need no fsync and the writer thread is idle, else on the writer thread
+(brokerd/store_writer.py says why).
 
 How far a commit goes (docs/durability.md has the argument and the measurements):
 - durability = "crash" (the default): WAL with synchronous=NORMAL. A commit has been
@@ -26,11 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import queue
 import sqlite3
-import threading
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -38,6 +35,9 @@ from brokerd.contract import CheckLine
 from brokerd.lease_model import ACTIVE, Lease, LeaseTerms
 from brokerd.process import Holder, ProcessId
 from brokerd.queue_record import WaitRecord
+from brokerd.store_writer import Commits, Op, StateError
+
+__all__ = ["DB_NAME", "DURABILITY", "SCHEMA_VERSION", "LeaseStore", "StateError"]
 
 log = logging.getLogger("vaccel.brokerd")
 
@@ -90,21 +90,7 @@ CREATE TABLE IF NOT EXISTS queue (
 """
 
 
-class StateError(Exception):
-    """The state directory cannot be trusted; the daemon must not start on it."""
-
-
-Op = Callable[[sqlite3.Connection], None]
 DURABILITY = ("crash", "power")
-
-
-class _Write:
-    """One write for the writer thread; `fsync` when it must outlive a power loss."""
-
-    __slots__ = ("fsync", "future", "op")
-
-    def __init__(self, op: Op, future: asyncio.Future[None], fsync: bool) -> None:
-        self.op, self.future, self.fsync = op, future, fsync
 
 
 def _lease_row(lease: Lease) -> tuple:
@@ -148,13 +134,7 @@ class LeaseStore:
         if durability not in DURABILITY:
             raise ValueError(f"durability must be one of {', '.join(DURABILITY)}, got {durability!r}")
         self.path = Path(state_dir) / DB_NAME
-        self.fsync_all = durability == "power"
-        self._synced = True  # the connection's synchronous level is FULL (as opened)
-        self._conn: sqlite3.Connection | None = None
-        self._ops: queue.SimpleQueue[list[_Write] | None] = queue.SimpleQueue()
-        self._held: list[_Write] | None = None  # writes held back for one transaction (hold())
-        self._thread: threading.Thread | None = None
-        self.commits = 0  # transactions committed, for the benchmark's batching figure
+        self._commits = Commits(fsync_all=durability == "power")
 
     # -- start-up (synchronous: runs before the daemon serves anyone) -------------------
 
@@ -205,9 +185,7 @@ class LeaseStore:
             "DELETE FROM leases WHERE state<>? AND ended_at < strftime('%s','now') - ?",
             (ACTIVE, _HISTORY_DAYS * 86400),
         )
-        self._conn = conn
-        self._thread = threading.Thread(target=self._writer, name="vaccel-store", daemon=True)
-        self._thread.start()
+        self._commits.start(conn, str(self.path))
         return active, ended, drained
 
     def _check_schema_version(self, conn: sqlite3.Connection) -> int | None:
@@ -251,31 +229,20 @@ class LeaseStore:
             "to start with no leases; holders of old leases will then have to ask again."
         )
 
-    # -- writes (async API, committed on the writer thread) -----------------------------
+    # -- writes (async API; brokerd/store_writer.py commits them) ------------------------
 
     def _submit(self, op: Op, *, fsync: bool = False) -> asyncio.Future[None]:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if self._thread is None:  # closed (shutting down): say so rather than never answer
-            future.set_exception(StateError("the lease database is closed"))
-        elif self._held is not None:
-            self._held.append(_Write(op, future, fsync or self.fsync_all))
-        else:
-            self._ops.put([_Write(op, future, fsync or self.fsync_all)])
-        return future
+        return self._commits.submit(op, fsync)
 
     def hold(self) -> None:
-        """Hold the writes submitted from now on, until release_held() hands them to the
-        writer as one item: one transaction (one by one only if that fails). A lease's end
-        and the grants of the devices it freed then reach the disk, and their waiter, at
-        once; without this the writer took the end alone whenever the loop let go of the
-        GIL before the pump had queued the grants."""
-        if self._held is None:
-            self._held = []
+        """Hold the writes submitted from now on, until release_held() hands them over as
+        one item: one transaction (one by one only if that fails). A lease's end and the
+        grants of the devices it freed then reach the disk, and their waiter, at once;
+        without this the end could commit alone before the pump had queued the grants."""
+        self._commits.hold()
 
     def release_held(self) -> None:
-        held, self._held = self._held, None
-        if held:
-            self._ops.put(held)
+        self._commits.release_held()
 
     def save_grant(self, lease: Lease, request_id: str = "") -> asyncio.Future[None]:
         """Record a grant (of queued request `request_id`, if any) as it is now: a lease
@@ -369,88 +336,27 @@ class LeaseStore:
 
         return self._submit(op, fsync=True)
 
-    def _writer(self) -> None:
-        try:
-            self._drain_forever()
-        except BaseException:
-            # Without the writer nothing is ever made durable again and every grant or
-            # release would hang: better to die loudly and let systemd restart us.
-            log.critical("the lease database writer failed; exiting so the service restarts", exc_info=True)
-            os._exit(70)
-
-    def _drain_forever(self) -> None:
-        while True:
-            item = self._ops.get()
-            if item is None:
-                return
-            batch = list(item)
-            while True:
-                try:
-                    more = self._ops.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None:
-                    self._run_batch(batch)
-                    return
-                batch.extend(more)
-            self._run_batch(batch)
-
-    def _transaction(self, ops: list[Op], fsync: bool) -> None:
-        conn = self._conn
-        assert conn is not None
-        if fsync != self._synced:  # a pragma, not a statement: set outside the transaction
-            conn.execute(f"PRAGMA synchronous={'FULL' if fsync else 'NORMAL'}")
-            self._synced = fsync
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            for op in ops:
-                op(conn)
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:  # a failed COMMIT may already have rolled back
-                conn.execute("ROLLBACK")
-            raise
-        self.commits += 1
-
-    def _run_batch(self, batch: list[_Write]) -> None:
-        try:
-            self._transaction([w.op for w in batch], any(w.fsync for w in batch))
-        except Exception:
-            pass
-        else:
-            for write in batch:
-                _resolve(write.future, None)
-            return
-        # Something in the batch failed: commit one by one so only the culprit fails.
-        for write in batch:
-            try:
-                self._transaction([write.op], write.fsync)
-            except Exception as exc:
-                log.error("lease database write failed: %s", exc)
-                _resolve(write.future, exc)
-            else:
-                _resolve(write.future, None)
-
     def close(self) -> None:
-        if self._thread is not None:
-            self.release_held()
-            self._ops.put(None)
-            self._thread.join(timeout=10)
-            self._thread = None
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        self._commits.close()
 
+    # The writes' side (store_writer.Commits), as the daemon and tests see it.
 
-def _resolve(future: asyncio.Future[None], error: BaseException | None) -> None:
-    def settle() -> None:
-        if future.done():
-            return
-        if error is None:
-            future.set_result(None)
-        else:
-            future.set_exception(error)
+    @property
+    def _conn(self) -> sqlite3.Connection | None:
+        return self._commits.conn
 
-    loop = future.get_loop()
-    if not loop.is_closed():  # else nobody is left to hear of it (a test's loop ended first)
-        loop.call_soon_threadsafe(settle)
+    @_conn.setter
+    def _conn(self, conn: sqlite3.Connection | None) -> None:
+        self._commits.conn = conn
+
+    @property
+    def commits(self) -> int:
+        return self._commits.commits
+
+    @property
+    def fsync_all(self) -> bool:
+        return self._commits.fsync_all
+
+    @fsync_all.setter
+    def fsync_all(self, value: bool) -> None:  # SIGHUP with a new durability
+        self._commits.fsync_all = value

@@ -3,7 +3,8 @@
 `WriterGate` stands in for the store's SQLite connection (the writer reads it at every
 transaction): it counts committed transactions and can hold the writer at the start of
 its next one, so a test knows exactly which saves are still queued behind it and will
-form the next batch.
+form the next batch. A gated store commits on its writer thread only: a commit on the
+event loop (store_writer) would park the loop itself at the gate.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class WriterGate:
         assert isinstance(conn, sqlite3.Connection), "open the store before gating it"
         self._conn = conn
         store._conn = self  # type: ignore[assignment]
+        store._commits.inline = False
         self.transactions = 0  # committed ones, counted at the COMMIT itself
         self._open = threading.Event()
         self._open.set()

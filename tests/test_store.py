@@ -116,15 +116,18 @@ def test_a_grant_is_on_disk_before_its_future_resolves(tmp_path: Path):
 
 
 KILLED_RIGHT_AFTER_SAVING = """
-import asyncio, os, signal, sys
+import asyncio, dataclasses, os, signal, sys
 from brokerd.store import LeaseStore
 from tests.test_store import ended, make_lease
+
+def lease(lease_id, device):  # argv[2]: "reservation" (fsync'd, the writer thread) or "process" (the loop)
+    return dataclasses.replace(make_lease(lease_id, device), reservation=sys.argv[2] == "reservation")
 
 async def main():
     store = LeaseStore(sys.argv[1])
     store.open()
-    await store.save_grant(make_lease("l-kept", "GPU-0"))
-    gone = make_lease("l-gone", "GPU-1")
+    await store.save_grant(lease("l-kept", "GPU-0"))
+    gone = lease("l-gone", "GPU-1")
     await store.save_grant(gone)
     await store.save_end(ended(gone, "released by its holder"))
     print("saved", flush=True)
@@ -134,12 +137,15 @@ asyncio.run(main())
 """
 
 
-def test_grants_and_releases_survive_kill9_right_after_their_futures_resolve(tmp_path: Path):
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(KILLED_RIGHT_AFTER_SAVING), str(tmp_path)],
+@pytest.mark.parametrize("kind", ["reservation", "process"])
+def test_grants_and_releases_survive_kill9_right_after_their_futures_resolve(tmp_path: Path, kind: str):
+    """Both places a commit runs (store_writer): a reservation's on the writer thread, a
+    process's lease's on the event loop."""
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(KILLED_RIGHT_AFTER_SAVING), str(tmp_path), kind],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == -signal.SIGKILL and r.stdout == "saved\n", r.stderr
     active, gone, _ = reopen(tmp_path)
-    assert active == [make_lease("l-kept", "GPU-0")]
+    assert active == [dataclasses.replace(make_lease("l-kept", "GPU-0"), reservation=kind == "reservation")]
     assert [(lease.id, lease.state, lease.end_reason) for lease in gone] == [
         ("l-gone", RELEASED, "released by its holder")]
     assert raw(tmp_path, "SELECT device_uuid, lease_id FROM holdings") == [("GPU-0", "l-kept")]

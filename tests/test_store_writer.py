@@ -1,0 +1,222 @@
+"""Where LeaseStore's commits run (brokerd/store_writer.py): on the event loop at the end of
+the step that wrote, when nothing needs an fsync and the writer thread is idle; on the
+writer thread otherwise, always in the order the writes were made.
+
+Each op records the thread it ran on, so the tests see the routing itself, not timings."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+
+from brokerd import store_writer
+from brokerd.store import LeaseStore
+from tests.test_store import ended, make_lease, raw, reopen
+
+LOOP = threading.main_thread().name
+WRITER = "vaccel-store"
+
+
+def recorder(ran: list[tuple[str, str]], name: str):
+    def op(conn: sqlite3.Connection) -> None:
+        ran.append((name, threading.current_thread().name))
+    return op
+
+
+def opened(tmp_path: Path, durability: str = "crash") -> LeaseStore:
+    store = LeaseStore(tmp_path, durability)
+    store.open()
+    return store
+
+
+def test_a_write_made_while_the_writer_is_idle_is_on_disk_by_the_next_step(tmp_path: Path):
+    """The grant path's commit: no thread hop, so its waiter can hear of it one step later."""
+    lease = dataclasses.replace(make_lease("l-1", "GPU-0"), reservation=False)
+
+    async def scenario() -> tuple[bool, list[tuple]]:
+        store = opened(tmp_path)
+        try:
+            saved = store.save_grant(lease)
+            await asyncio.sleep(0)  # one step of the loop: the end of the one that wrote
+            return saved.done(), raw(tmp_path, "SELECT device_uuid, lease_id FROM holdings")
+        finally:
+            store.close()
+
+    done, holdings = asyncio.run(scenario())
+    assert done, "the commit waited for another thread"
+    assert holdings == [("GPU-0", "l-1")]
+
+
+def test_writes_that_need_no_fsync_commit_on_the_loop_in_one_transaction(tmp_path: Path):
+    async def scenario() -> tuple[list[tuple[str, str]], int]:
+        store = opened(tmp_path)
+        try:
+            ran: list[tuple[str, str]] = []
+            before = store.commits
+            await asyncio.gather(*(store._submit(recorder(ran, f"w{i}")) for i in range(3)))
+            return ran, store.commits - before
+        finally:
+            store.close()
+
+    ran, commits = asyncio.run(scenario())
+    assert ran == [("w0", LOOP), ("w1", LOOP), ("w2", LOOP)]
+    assert commits == 1
+
+
+def test_an_fsynced_write_commits_on_the_writer_thread_and_what_follows_it_waits_behind(tmp_path: Path):
+    """A reservation's grant is fsync'd (on the thread); its end, written before that
+    commit is done, must not overtake it on the loop: the end would update no row and the
+    grant land after it, a lease on disk for ever."""
+    reservation = make_lease("r-1", "GPU-0")  # make_lease's leases are reservations
+    assert reservation.reservation
+
+    async def scenario() -> list[tuple[str, str]]:
+        store = opened(tmp_path)
+        try:
+            ran: list[tuple[str, str]] = []
+            first = store._submit(recorder(ran, "fsync"), fsync=True)
+            grant = store.save_grant(reservation)
+            plain = store._submit(recorder(ran, "plain"))
+            end = store.save_end(dataclasses.replace(ended(reservation), reservation=False))
+            await asyncio.gather(first, grant, plain, end)
+            # Once the thread is idle again, the loop commits again.
+            await store._submit(recorder(ran, "after"))
+            return ran
+        finally:
+            store.close()
+
+    ran = asyncio.run(scenario())
+    assert ran == [("fsync", WRITER), ("plain", WRITER), ("after", LOOP)]
+    active, gone, _ = reopen(tmp_path)
+    assert active == [] and [lease.id for lease in gone] == ["r-1"]
+    assert raw(tmp_path, "SELECT * FROM holdings") == []
+
+
+def test_an_fsynced_write_takes_the_steps_earlier_writes_along_in_order(tmp_path: Path):
+    async def scenario() -> list[tuple[str, str]]:
+        store = opened(tmp_path)
+        try:
+            ran: list[tuple[str, str]] = []
+            writes = [store._submit(recorder(ran, "plain-1")), store._submit(recorder(ran, "fsync"), fsync=True),
+                      store._submit(recorder(ran, "plain-2"))]
+            await asyncio.gather(*writes)
+            return ran
+        finally:
+            store.close()
+
+    assert asyncio.run(scenario()) == [("plain-1", WRITER), ("fsync", WRITER), ("plain-2", WRITER)]
+
+
+def test_under_power_durability_every_commit_is_on_the_writer_thread(tmp_path: Path):
+    async def scenario() -> list[tuple[str, str]]:
+        store = opened(tmp_path, "power")
+        try:
+            ran: list[tuple[str, str]] = []
+            await store._submit(recorder(ran, "a"))
+            await store._submit(recorder(ran, "b"))
+            return ran
+        finally:
+            store.close()
+
+    assert asyncio.run(scenario()) == [("a", WRITER), ("b", WRITER)]
+
+
+def test_held_writes_commit_on_the_loop_as_one_transaction(tmp_path: Path):
+    """hold(): a lease's end and the grants it frees, as the service makes them."""
+    old, new = (dataclasses.replace(make_lease(i, "GPU-0"), reservation=False) for i in ("l-old", "l-new"))
+
+    async def scenario() -> int:
+        store = opened(tmp_path)
+        try:
+            await store.save_grant(old)
+            before = store.commits
+            store.hold()
+            saved = [store.save_end(ended(old)), store.save_grant(new)]
+            await asyncio.sleep(0)
+            assert not any(f.done() for f in saved), "held writes were committed before release_held()"
+            store.release_held()
+            await asyncio.gather(*saved)
+            return store.commits - before
+        finally:
+            store.close()
+
+    assert asyncio.run(scenario()) == 1
+    assert raw(tmp_path, "SELECT device_uuid, lease_id FROM holdings") == [("GPU-0", "l-new")]
+
+
+def test_the_loops_commits_are_checkpointed_on_the_writer_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The loop never checkpoints (that fsyncs the database): every CHECKPOINT_EVERY commits
+    the thread does, and the WAL stops growing."""
+    monkeypatch.setattr(store_writer, "CHECKPOINT_EVERY", 5)
+    checkpoints: list[str] = []
+    real = store_writer.Commits._checkpoint
+
+    def checkpoint(self: store_writer.Commits) -> None:
+        checkpoints.append(threading.current_thread().name)
+        real(self)
+
+    monkeypatch.setattr(store_writer.Commits, "_checkpoint", checkpoint)
+
+    async def scenario() -> None:
+        store = opened(tmp_path)
+        try:
+            for i in range(30):
+                lease = dataclasses.replace(make_lease(f"l-{i}", f"GPU-{i}"), reservation=False)
+                await store.save_grant(lease)
+        finally:
+            store.close()
+
+    asyncio.run(scenario())
+    assert len(checkpoints) >= 5 and set(checkpoints) == {WRITER}
+    assert len(reopen(tmp_path)[0]) == 30
+
+
+def test_a_write_left_unflushed_by_a_loop_that_ended_is_committed_by_close(tmp_path: Path):
+    lease = dataclasses.replace(make_lease("l-1", "GPU-0"), reservation=False)
+    store = opened(tmp_path)
+
+    async def write_and_leave() -> None:
+        store.save_grant(lease)  # nobody awaits it; the loop ends before its step is over
+
+    asyncio.run(write_and_leave())
+    store.close()
+    assert [lease.id for lease in reopen(tmp_path)[0]] == ["l-1"]
+
+
+def test_a_slow_commit_on_the_loop_sends_the_commits_to_the_writer_thread_for_a_while(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture):
+    """A disk that stalls a commit (dirty-page throttling) must not go on stalling the loop
+    that serves heartbeats and Status: the next commits go to the thread, and come back
+    once OFF_LOOP_AFTER_SLOW_S has passed. The room's clock is stepped by hand."""
+    clock = {"now": 100.0}
+    monkeypatch.setattr(store_writer, "time", type("Clock", (), {"monotonic": staticmethod(lambda: clock["now"])}))
+    real = store_writer.Commits._transaction
+
+    def stalled_once(self: store_writer.Commits, ops: list, fsync: bool) -> None:
+        if not self.slow_commits and threading.current_thread().name == LOOP:
+            clock["now"] += store_writer.SLOW_COMMIT_S * 2  # the disk held this commit up
+        real(self, ops, fsync)
+
+    monkeypatch.setattr(store_writer.Commits, "_transaction", stalled_once)
+
+    async def scenario() -> list[tuple[str, str]]:
+        store = opened(tmp_path)
+        try:
+            ran: list[tuple[str, str]] = []
+            await store._submit(recorder(ran, "stalled"))
+            await store._submit(recorder(ran, "next"))
+            clock["now"] += store_writer.OFF_LOOP_AFTER_SLOW_S
+            await store._submit(recorder(ran, "later"))
+            return ran
+        finally:
+            store.close()
+
+    with caplog.at_level("WARNING", logger="vaccel.brokerd"):
+        ran = asyncio.run(scenario())
+    assert ran == [("stalled", LOOP), ("next", WRITER), ("later", LOOP)]
+    assert "committing on the writer thread for the next 10 s" in caplog.text
