@@ -481,8 +481,8 @@ def render(result: dict[str, Any]) -> str:
         f"vaccel lease benchmark on {result['cpus']} CPU(s); clients = {c['processes']} process(es) x "
         f"{c['threads_per_process']} thread(s) (spawned processes, threads share one sync grpc channel "
         "per process, Unix socket)",
-        "op: echo = one unary call; broker = Acquire stream until Granted (the latency figure) + Release "
-        "(the ops/s figure is whole cycles)",
+        "op: echo = one unary call; broker = an acquire as the client library makes it, granted at once "
+        "(the unary TryAcquire: the latency figure) + Release (the ops/s figure is whole cycles)",
         "",
         f"{'figure':<32}{'echo':>12}{'broker':>12}{'broker/echo':>14}",
     ]
