@@ -1,9 +1,9 @@
 """Durable lease state: SQLite in WAL mode.
 
-A grant or release is committed before the client hears of it. The writes of one step of
-the event loop commit together, in order (group commit): on the loop at the end of that
-step when they need no fsync and the writer thread is idle, else on the writer thread
-(brokerd/store_writer.py says why).
+A grant or release is committed before the client hears of it. Writes commit in order,
+those that come together in one transaction (group commit): on the event loop in its
+next turn when they need no fsync and the writer thread is idle, else on the writer
+thread (brokerd/store_writer.py says why).
 
 How far a commit goes (docs/durability.md has the argument and the measurements):
 - durability = "crash" (the default): WAL with synchronous=NORMAL. A commit has been

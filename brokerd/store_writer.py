@@ -1,14 +1,14 @@
 """LeaseStore's commits: where each write's transaction runs, and when its future resolves.
 
-A write's future resolves only once its transaction has committed. Writes made in one
-step of the event loop commit together (group commit), in the order they were made:
+A write's future resolves only once its transaction has committed. Writes commit in the
+order they were made, several in one transaction when they come together (group commit):
 
-- on the loop itself, at the end of that step, when the write need not be fsync'd and
-  nothing is in flight on the writer thread. With synchronous=NORMAL a commit is a write
-  into the WAL file (the page cache), ~0.1 ms, and doing it here saves the two thread
-  hops a grant used to wait for: the writer thread had to win the interpreter lock from
-  a busy loop (up to the 5 ms switch interval for each statement on a loaded host), and
-  the loop to be woken again with the result.
+- on the loop itself, in its next turn (call_soon) together with every write made until
+  then, when none needs an fsync and nothing is in flight on the writer thread. With
+  synchronous=NORMAL a commit is a write into the WAL file (the page cache), ~0.1 ms, and
+  doing it here saves the two thread hops a grant used to wait for: the writer thread had
+  to win the interpreter lock from a busy loop (up to the 5 ms switch interval for each
+  statement on a loaded host), and the loop to be woken again with the result.
 - on the one writer thread otherwise: writes that must be fsync'd (every write under
   durability = "power"; reservations and drains always), and every write made while the
   thread still has work, so that the order of commits is always the order of the writes.
@@ -62,6 +62,8 @@ _CHECKPOINT: list[_Write] = []  # the item on the writer's queue that asks for a
 
 
 class Commits:
+    """The commits of one connection; LeaseStore's saves hand their writes to `submit`."""
+
     def __init__(self, fsync_all: bool) -> None:
         self.fsync_all = fsync_all
         self.inline = True  # may commit on the loop (tests that park the writer turn it off)
@@ -126,7 +128,7 @@ class Commits:
         self._ops.put(writes)
 
     def _flush(self) -> None:
-        """The end of the loop step: commit its writes here."""
+        """The loop's next turn: commit here what was written since the last flush."""
         batch, self._pending = self._pending, []
         if not batch:
             return
