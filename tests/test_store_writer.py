@@ -10,6 +10,8 @@ import asyncio
 import dataclasses
 import sqlite3
 import threading
+import time as real_time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -149,31 +151,66 @@ def test_held_writes_commit_on_the_loop_as_one_transaction(tmp_path: Path):
     assert raw(tmp_path, "SELECT device_uuid, lease_id FROM holdings") == [("GPU-0", "l-new")]
 
 
-def test_the_loops_commits_are_checkpointed_on_the_writer_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """The loop never checkpoints (that fsyncs the database): every CHECKPOINT_EVERY commits
-    the thread does, and the WAL stops growing."""
-    monkeypatch.setattr(store_writer, "CHECKPOINT_EVERY", 5)
-    checkpoints: list[str] = []
+def _count_checkpoints(monkeypatch: pytest.MonkeyPatch, every: int, restart_frames: int) -> list[tuple[str, bool]]:
+    """Checkpoints every `every` commits; each recorded as (thread, whether commits waited)."""
+    monkeypatch.setattr(store_writer, "CHECKPOINT_EVERY", every)
+    monkeypatch.setattr(store_writer, "WAL_RESTART_FRAMES", restart_frames)
+    checkpoints: list[tuple[str, bool]] = []
     real = store_writer.Commits._checkpoint
 
-    def checkpoint(self: store_writer.Commits) -> None:
-        checkpoints.append(threading.current_thread().name)
-        real(self)
+    def checkpoint(self: store_writer.Commits, conn: sqlite3.Connection | None) -> None:
+        real(self, conn)
+        checkpoints.append((threading.current_thread().name, conn is self.conn))
 
     monkeypatch.setattr(store_writer.Commits, "_checkpoint", checkpoint)
+    return checkpoints
 
-    async def scenario() -> None:
+
+def _grants(tmp_path: Path, count: int, after: Callable[[int], Awaitable[None]] | None = None) -> int:
+    """`count` grants, one commit each (`after(n)` once n are committed); the WAL's size."""
+    async def scenario() -> int:
         store = opened(tmp_path)
         try:
-            for i in range(30):
-                lease = dataclasses.replace(make_lease(f"l-{i}", f"GPU-{i}"), reservation=False)
-                await store.save_grant(lease)
+            for i in range(count):
+                await store.save_grant(dataclasses.replace(make_lease(f"l-{i}", f"GPU-{i}"), reservation=False))
+                if after is not None:
+                    await after(i + 1)
+            return (tmp_path / "leases.db-wal").stat().st_size
         finally:
             store.close()
 
-    asyncio.run(scenario())
-    assert len(checkpoints) >= 5 and set(checkpoints) == {WRITER}
-    assert len(reopen(tmp_path)[0]) == 30
+    wal_bytes = asyncio.run(scenario())
+    assert len(reopen(tmp_path)[0]) == count
+    return wal_bytes
+
+
+def test_checkpoints_run_on_the_writer_thread_while_the_loop_goes_on_committing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The loop never checkpoints (that fsyncs the database), and no commit waits for a
+    checkpoint: on a host that pauses between grants, the WAL starts again from the top
+    after each one that copied it back whole."""
+    checkpoints = _count_checkpoints(monkeypatch, every=5, restart_frames=10**9)
+
+    async def pause(committed: int) -> None:  # until the checkpoint due by now is done
+        deadline = real_time.monotonic() + 30  # only turns a hang into a failure
+        while len(checkpoints) < committed // 5:
+            assert real_time.monotonic() < deadline, "the checkpoint due never ran"
+            await asyncio.sleep(0.001)
+
+    wal_bytes = _grants(tmp_path, 200, pause)
+    assert len(checkpoints) >= 30 and set(checkpoints) == {(WRITER, False)}
+    assert wal_bytes < 1024 * 1024, f"the WAL grew to {wal_bytes} bytes in 200 commits: it never restarted"
+
+
+def test_under_load_that_never_pauses_a_long_wal_gets_a_checkpoint_the_commits_wait_for(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Without a pause the WAL could never restart (it grew by ~20 KiB a commit): once it
+    is longer than WAL_RESTART_FRAMES, a checkpoint holds the commits behind it."""
+    checkpoints = _count_checkpoints(monkeypatch, every=5, restart_frames=50)
+    wal_bytes = _grants(tmp_path, 200)
+    assert {thread for thread, _ in checkpoints} == {WRITER}
+    assert (WRITER, True) in checkpoints
+    assert wal_bytes < 1024 * 1024, f"the WAL grew to {wal_bytes} bytes in 200 commits: it never restarted"
 
 
 def test_a_write_left_unflushed_by_a_loop_that_ended_is_committed_by_close(tmp_path: Path):
@@ -188,18 +225,26 @@ def test_a_write_left_unflushed_by_a_loop_that_ended_is_committed_by_close(tmp_p
     assert [lease.id for lease in reopen(tmp_path)[0]] == ["l-1"]
 
 
-def test_a_slow_commit_on_the_loop_sends_the_commits_to_the_writer_thread_for_a_while(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture):
+@pytest.mark.parametrize("slept", [True, False], ids=["waited-for-the-disk", "preempted"])
+def test_a_commit_that_waited_for_the_disk_sends_the_commits_to_the_writer_thread_for_a_while(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, slept: bool):
     """A disk that stalls a commit (dirty-page throttling) must not go on stalling the loop
     that serves heartbeats and Status: the next commits go to the thread, and come back
-    once OFF_LOOP_AFTER_SLOW_S has passed. The room's clock is stepped by hand."""
+    once OFF_LOOP_AFTER_SLOW_S has passed. A commit that was as slow only because the loop
+    was preempted (it never slept) is no reason: that kept a loaded broker's commits off
+    the loop for good. The clock and the count of the thread's sleeps are stepped by hand
+    (a real commit may sleep a moment on its own)."""
     clock = {"now": 100.0}
+    sleeps = {"count": 0}
     monkeypatch.setattr(store_writer, "time", type("Clock", (), {"monotonic": staticmethod(lambda: clock["now"])}))
+    monkeypatch.setattr(store_writer, "_sleeps", lambda: sleeps["count"])
     real = store_writer.Commits._transaction
 
     def stalled_once(self: store_writer.Commits, ops: list, fsync: bool) -> None:
-        if not self.slow_commits and threading.current_thread().name == LOOP:
-            clock["now"] += store_writer.SLOW_COMMIT_S * 2  # the disk held this commit up
+        if clock["now"] == 100.0 and threading.current_thread().name == LOOP:
+            clock["now"] += store_writer.SLOW_COMMIT_S * 2  # this commit took that long
+            if slept:
+                sleeps["count"] += 1  # ...asleep in the kernel, as a throttled write() is
         real(self, ops, fsync)
 
     monkeypatch.setattr(store_writer.Commits, "_transaction", stalled_once)
@@ -218,5 +263,16 @@ def test_a_slow_commit_on_the_loop_sends_the_commits_to_the_writer_thread_for_a_
 
     with caplog.at_level("WARNING", logger="vaccel.brokerd"):
         ran = asyncio.run(scenario())
-    assert ran == [("stalled", LOOP), ("next", WRITER), ("later", LOOP)]
-    assert "committing on the writer thread for the next 10 s" in caplog.text
+    if slept:
+        assert ran == [("stalled", LOOP), ("next", WRITER), ("later", LOOP)]
+        assert "committing on the writer thread for the next 10 s" in caplog.text
+    else:
+        assert ran == [("stalled", LOOP), ("next", LOOP), ("later", LOOP)]
+        assert "committing on the writer thread" not in caplog.text
+
+
+def test_a_sleep_is_counted_as_one():
+    """What the slow-disk rule reads: this thread's voluntary context switches."""
+    before = store_writer._sleeps()
+    real_time.sleep(0.001)
+    assert store_writer._sleeps() > before
