@@ -1,6 +1,6 @@
-"""Where LeaseStore's commits run (brokerd/store_writer.py): on the event loop at the end of
-the step that wrote, when nothing needs an fsync and the writer thread is idle; on the
-writer thread otherwise, always in the order the writes were made.
+"""Where LeaseStore's commits run (brokerd/store_writer.py): on the event loop in its next
+turn, when nothing needs an fsync and the writer thread is idle; on the writer thread
+otherwise, always in the order the writes were made.
 
 Each op records the thread it ran on, so the tests see the routing itself, not timings."""
 
@@ -36,15 +36,15 @@ def opened(tmp_path: Path, durability: str = "crash") -> LeaseStore:
     return store
 
 
-def test_a_write_made_while_the_writer_is_idle_is_on_disk_by_the_next_step(tmp_path: Path):
-    """The grant path's commit: no thread hop, so its waiter can hear of it one step later."""
+def test_a_write_made_while_the_writer_is_idle_is_on_disk_by_the_loops_next_turn(tmp_path: Path):
+    """The grant path's commit: no thread hop, so its waiter can hear of it a turn later."""
     lease = dataclasses.replace(make_lease("l-1", "GPU-0"), reservation=False)
 
     async def scenario() -> tuple[bool, list[tuple]]:
         store = opened(tmp_path)
         try:
             saved = store.save_grant(lease)
-            await asyncio.sleep(0)  # one step of the loop: the end of the one that wrote
+            await asyncio.sleep(0)  # one turn of the loop
             return saved.done(), raw(tmp_path, "SELECT device_uuid, lease_id FROM holdings")
         finally:
             store.close()
@@ -99,7 +99,7 @@ def test_an_fsynced_write_commits_on_the_writer_thread_and_what_follows_it_waits
     assert raw(tmp_path, "SELECT * FROM holdings") == []
 
 
-def test_an_fsynced_write_takes_the_steps_earlier_writes_along_in_order(tmp_path: Path):
+def test_an_fsynced_write_takes_the_turns_earlier_writes_along_in_order(tmp_path: Path):
     async def scenario() -> list[tuple[str, str]]:
         store = opened(tmp_path)
         try:
