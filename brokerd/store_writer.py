@@ -134,11 +134,16 @@ class Commits:
             if not self._pending or self._pending[0].future.get_loop() is not loop:
                 loop.call_soon(self._flush)  # (a test's earlier loop may have ended unflushed)
             self._pending.extend(writes)
-        else:  # behind what this step already wrote, if anything: the order is kept
-            pending, self._pending = self._pending, []
-            self._to_thread(pending + writes)
+        else:
+            self._to_thread(writes)
 
     def _to_thread(self, item: list[_Write] | str) -> None:
+        """Hand an item to the writer thread, behind what the loop has still to commit:
+        that goes first, and to the thread too, since the connection is the thread's now."""
+        if self._pending:
+            pending, self._pending = self._pending, []
+            self._in_flight += 1
+            self._ops.put(pending)
         self._in_flight += 1
         self._ops.put(item)
 

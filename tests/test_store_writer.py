@@ -114,6 +114,27 @@ def test_an_fsynced_write_takes_the_turns_earlier_writes_along_in_order(tmp_path
     assert asyncio.run(scenario()) == [("plain-1", WRITER), ("fsync", WRITER), ("plain-2", WRITER)]
 
 
+def test_a_checkpoint_the_commits_wait_for_takes_the_turns_earlier_writes_along(tmp_path: Path):
+    """A checkpoint asked for while the loop still has a write to commit (by a settle in
+    the same turn, as under load): that write goes to the thread ahead of it. Committed on
+    the loop, it would use the connection while the thread checkpoints on it."""
+    async def scenario() -> list[tuple[str, str]]:
+        store = opened(tmp_path)
+        commits = store._commits
+        try:
+            ran: list[tuple[str, str]] = []
+            first = store._submit(recorder(ran, "before"))
+            commits._wal_too_long = True  # as the last checkpoint found it
+            commits._checkpointed_at = commits.commits - store_writer.CHECKPOINT_EVERY
+            commits._checkpoint_if_due()
+            await first
+            return ran
+        finally:
+            store.close()
+
+    assert asyncio.run(scenario()) == [("before", WRITER)]
+
+
 def test_under_power_durability_every_commit_is_on_the_writer_thread(tmp_path: Path):
     async def scenario() -> list[tuple[str, str]]:
         store = opened(tmp_path, "power")
