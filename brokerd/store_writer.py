@@ -114,7 +114,7 @@ class Commits:
         elif self._held is not None:
             self._held.append(write)
         else:
-            self._enqueue([write], loop)
+            self._enqueue([write])
         return future
 
     def hold(self) -> None:
@@ -126,9 +126,11 @@ class Commits:
     def release_held(self) -> None:
         held, self._held = self._held, None
         if held:
-            self._enqueue(held, held[0].future.get_loop())
+            self._enqueue(held)
 
-    def _enqueue(self, writes: list[_Write], loop: asyncio.AbstractEventLoop) -> None:
+    def _enqueue(self, writes: list[_Write]) -> None:
+        loop = self._loop
+        assert loop is not None, "written to before any submit()"
         if (self.inline and not self._in_flight and not any(w.fsync for w in writes)
                 and time.monotonic() >= self._off_loop_until):
             if not self._pending or self._pending[0].future.get_loop() is not loop:
@@ -150,11 +152,7 @@ class Commits:
     def _flush(self) -> None:
         """The loop's next turn: commit here what was written since the last flush."""
         batch, self._pending = self._pending, []
-        if not batch:
-            return
-        if self.conn is None:
-            for write in batch:
-                _settle(write.future, StateError("the lease database is closed"))
+        if not batch:  # close() took them, or an fsync'd write took them to the thread
             return
         started, slept_before = time.monotonic(), _sleeps()
         errors = self._run_batch(batch)
