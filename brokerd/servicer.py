@@ -70,13 +70,28 @@ def device_pb(device: Device, state: str = "", lease: Lease | None = None, drain
         visible_id=device.visible, drain_reason=drain_reason, device_nodes=device.device_nodes,
     )
     if lease is not None:
-        msg.lease_id = lease.id
-        msg.holder.CopyFrom(_holder_pb(lease.holder))
-        if lease.reservation:
-            msg.holder.pid = 0  # held by the user: the command that booked it has gone
-        msg.since = lease.granted_at
-        if lease.expires_at and lease.active:
-            msg.time_left_s = max(0.0, lease.expires_at - time.time())
+        _add_lease(msg, lease)
+    return msg
+
+
+def _add_lease(msg: pb.Device, lease: Lease) -> None:
+    msg.lease_id = lease.id
+    msg.holder.CopyFrom(_holder_pb(lease.holder))
+    if lease.reservation:
+        msg.holder.pid = 0  # held by the user: the command that booked it has gone
+    msg.since = lease.granted_at
+    if lease.expires_at and lease.active:
+        msg.time_left_s = max(0.0, lease.expires_at - time.time())
+
+
+def held_pb(view: DeviceView) -> pb.Device:
+    """A held device in a waiter's queue line: who holds what, since when, for how long.
+    Not the whole device (Status has that): every waiter's first line carries one per held
+    device, and gRPC keeps a stream's last message until its next one, so 500 waiters on a
+    64-device host kept ~100 KB each of full devices."""
+    msg = pb.Device(index=view.device.index, uuid=view.device.uuid, name=view.device.name, state=view.state)
+    if view.lease is not None:
+        _add_lease(msg, view.lease)
     return msg
 
 
@@ -138,7 +153,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         its waiters get the same tuple, and building 64 devices for each of 500 waiters on
         every grant was most of a grant's time on a large host."""
         if self._held_cache[0] is not held:
-            self._held_cache = (held, [view_pb(view) for view in held])
+            self._held_cache = (held, [held_pb(view) for view in held])
         return self._held_cache[1]
 
     # -- RPCs --------------------------------------------------------------------------
@@ -180,11 +195,14 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                     # The held devices go in the first update only: the message names the
                     # holders after that, and 64 devices in every update to 500 waiters at
                     # every grant was most of a large host's grant latency.
-                    held = () if told_held else self._held_pb(update.held)
-                    told_held = told_held or bool(held)
-                    queued = pb.Queued(position=update.position, total=update.total, message=update.message,
-                                       held=held, request_id=update.request_id)
-                    yield pb.AcquireUpdate(queued=queued)
+                    line = pb.AcquireUpdate()  # built in place: a pb.Queued passed in would be a second copy
+                    queued = line.queued
+                    queued.position, queued.total, queued.message = update.position, update.total, update.message
+                    queued.request_id = update.request_id
+                    if not told_held and update.held:
+                        queued.held.extend(self._held_pb(update.held))
+                        told_held = True
+                    yield line
                 else:
                     yield pb.AcquireUpdate(granted=self.lease_pb(update))
         except (LeaseError, ContractError) as exc:

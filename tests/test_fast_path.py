@@ -170,3 +170,27 @@ def test_a_broker_that_said_wait_then_restarts_is_waited_for_as_a_restart(monkey
     lease = acquisition.Acquisition(Restarting(), pb.AcquireRequest(gpus=1, wait_forever=True), None,  # type: ignore[arg-type]
                                     said.append).run()
     assert lease.id == "l-back"
+
+
+def test_a_waiters_first_line_says_who_holds_what_and_no_more(broker: Broker, connection):
+    from vaccel_common.v1 import broker_pb2 as pb
+
+    held = _try(connection, gpus=4, wait_forever=True, command="hold all").granted
+    stream = connection.stream("Acquire", pb.AcquireRequest(gpus=1, wait_forever=True, command="waiter"), timeout=30)
+    try:
+        first = next(stream)
+        assert first.HasField("queued") and first.queued.position == 1
+        assert sorted(d.uuid for d in first.queued.held) == sorted(d.uuid for d in held.devices)
+        for device in first.queued.held:
+            assert device.state == "leased" and device.lease_id == held.id and device.name
+            assert device.holder.pid == held.holder.pid and device.since == held.granted_at
+            # Who holds what, not the whole device (Status has that): gRPC keeps a stream's
+            # last line until its next, so every waiter of a long queue held full devices.
+            assert not (device.pci_bus_id or device.driver_version or device.device_nodes or device.backend)
+        _release(connection, held.id)
+        granted = next(stream)
+        assert granted.HasField("granted") and len(granted.granted.devices) == 1
+        assert granted.granted.devices[0].backend  # the grant's own devices stay whole
+    finally:
+        stream.cancel()
+    _release(connection, granted.granted.id)
