@@ -240,11 +240,9 @@ class BrokerService(Acquiring, DurableQueue, Governance, Timers):
         callback, not a task: it runs even when the loop is cancelling tasks, so held
         writes always reach the writer."""
         try:
-            saving = self._grant_now()
+            self._grant_now()
         finally:
             self.store.release_held()
-        if saving:
-            self._spawn(self._deliver(saving))
 
     def _refused_by_hooks(self, lease: Lease) -> str:
         """Run the hooks a grant needs before its holder hears of it (brokerd/lease_hooks.py);

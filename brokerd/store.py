@@ -35,7 +35,7 @@ from brokerd.contract import CheckLine
 from brokerd.lease_model import ACTIVE, Lease, LeaseTerms
 from brokerd.process import Holder, ProcessId
 from brokerd.queue_record import WaitRecord
-from brokerd.store_writer import Commits, Op, StateError
+from brokerd.store_writer import Commits, Op, StateError, Then
 
 __all__ = ["DB_NAME", "DURABILITY", "SCHEMA_VERSION", "LeaseStore", "StateError"]
 
@@ -103,6 +103,21 @@ def _lease_row(lease: Lease) -> tuple:
         json.dumps(sorted(lease.members)), lease.requested_at, int(lease.reservation), lease.notice,
         lease.time_limit_s, lease.ending_state, lease.request_key,
     )
+
+
+def _grant_op(lease: Lease, request_id: str) -> Op:
+    """The write of a grant as it is now: a lease that has already ended gets its row but
+    never a device holding."""
+    row = _lease_row(lease)
+    holdings = [(u, lease.id) for u in lease.devices] if lease.active else []
+
+    def op(conn: sqlite3.Connection) -> None:
+        conn.execute(f"INSERT INTO leases VALUES ({','.join('?' * len(row))})", row)
+        conn.executemany("INSERT INTO holdings VALUES (?, ?)", holdings)
+        if request_id:
+            conn.execute("UPDATE queue SET lease_id=? WHERE id=?", (lease.id, request_id))
+
+    return op
 
 
 def _lease_from_row(row: sqlite3.Row) -> Lease:
@@ -245,18 +260,13 @@ class LeaseStore:
         self._commits.release_held()
 
     def save_grant(self, lease: Lease, request_id: str = "") -> asyncio.Future[None]:
-        """Record a grant (of queued request `request_id`, if any) as it is now: a lease
-        that has already ended gets its row but never a device holding."""
-        row = _lease_row(lease)
-        holdings = [(u, lease.id) for u in lease.devices] if lease.active else []
+        """Record a grant (of queued request `request_id`, if any): _grant_op."""
+        return self._submit(_grant_op(lease, request_id), fsync=lease.reservation)
 
-        def op(conn: sqlite3.Connection) -> None:
-            conn.execute(f"INSERT INTO leases VALUES ({','.join('?' * len(row))})", row)
-            conn.executemany("INSERT INTO holdings VALUES (?, ?)", holdings)
-            if request_id:
-                conn.execute("UPDATE queue SET lease_id=? WHERE id=?", (lease.id, request_id))
-
-        return self._submit(op, fsync=lease.reservation)
+    def save_grant_then(self, lease: Lease, request_id: str, then: Then) -> None:
+        """save_grant, with `then(error or None)` called as it commits, ahead of the
+        futures of its transaction (Commits.submit_then): the pump's grants."""
+        self._commits.submit_then(_grant_op(lease, request_id), lease.reservation, then)
 
     def save_end(self, lease: Lease) -> asyncio.Future[None]:
         args = (lease.state, lease.ended_at, lease.end_reason, lease.id)

@@ -1,7 +1,10 @@
 """LeaseStore's commits: where each write's transaction runs, and when its future resolves.
 
-A write's future resolves only once its transaction has committed. Writes commit in the
-order they were made, several in one transaction when they come together (group commit):
+A write's future resolves only once its transaction has committed; a write made with
+`submit_then` has its callback called instead, as it settles and before any future of its
+transaction resolves, so what it starts (the pump's grant reaching its waiter) goes ahead
+of everything those futures wake. Writes commit in the order they were made, several in
+one transaction when they come together (group commit):
 
 - on the loop itself, in its next turn (call_soon) together with every write made until
   then, when none needs an fsync and nothing is in flight on the writer thread. With
@@ -49,6 +52,7 @@ from collections.abc import Callable
 log = logging.getLogger("vaccel.brokerd")
 
 Op = Callable[[sqlite3.Connection], None]
+Then = Callable[[BaseException | None], None]  # told a write's outcome: None once committed, else the error
 CHECKPOINT_EVERY = 200  # commits between WAL checkpoints (each adds a few 4 KiB pages)
 
 
@@ -58,12 +62,14 @@ class StateError(Exception):
 
 
 class _Write:
-    """One write; `fsync` when it must outlive a power loss."""
+    """One write; `fsync` when it must outlive a power loss. Its outcome goes to `future`,
+    or to `then` (submit_then)."""
 
-    __slots__ = ("fsync", "future", "op")
+    __slots__ = ("fsync", "future", "op", "then")
 
-    def __init__(self, op: Op, future: asyncio.Future[None], fsync: bool) -> None:
-        self.op, self.future, self.fsync = op, future, fsync
+    def __init__(self, op: Op, fsync: bool, future: asyncio.Future[None] | None = None,
+                 then: Then | None = None) -> None:
+        self.op, self.fsync, self.future, self.then = op, fsync, future, then
 
 
 SLOW_COMMIT_S = 0.05  # a commit on the loop that slept and took longer than this...
@@ -90,6 +96,7 @@ class Commits:
         self._wal_too_long = False  # the last checkpoint found the WAL past WAL_RESTART_FRAMES
         self._held: list[_Write] | None = None  # writes held back for one transaction (hold())
         self._pending: list[_Write] = []  # writes to commit on the loop at its next turn
+        self._pending_loop: asyncio.AbstractEventLoop | None = None  # the loop whose turn commits them
         self._in_flight = 0  # items handed to the writer thread and not yet settled
         self._off_loop_until = 0.0  # after a slow commit on the loop (time.monotonic)
         self.slow_commits = 0  # commits on the loop that waited for the disk past SLOW_COMMIT_S
@@ -106,16 +113,29 @@ class Commits:
     # -- the loop's side ------------------------------------------------------------------
 
     def submit(self, op: Op, fsync: bool) -> asyncio.Future[None]:
+        """Queue a write; the future resolves once it is committed."""
         loop = self._loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
-        write = _Write(op, future, fsync or self.fsync_all)
+        self._add(_Write(op, fsync or self.fsync_all, future=future))
+        return future
+
+    def submit_then(self, op: Op, fsync: bool, then: Then) -> None:
+        """Queue a write; `then` is called on the loop as it settles, before the futures
+        of its transaction resolve (it must not raise)."""
+        self._loop = asyncio.get_running_loop()
+        self._add(_Write(op, fsync or self.fsync_all, then=then))
+
+    def _add(self, write: _Write) -> None:
         if self._thread is None:  # closed (shutting down): say so rather than never answer
-            future.set_exception(StateError("the lease database is closed"))
+            closed = StateError("the lease database is closed")
+            if write.future is not None:
+                write.future.set_exception(closed)
+            if write.then is not None:  # not from inside the caller's own step
+                asyncio.get_running_loop().call_soon(_settle_batch, [write], [closed])
         elif self._held is not None:
             self._held.append(write)
         else:
             self._enqueue([write])
-        return future
 
     def hold(self) -> None:
         """Hold the writes submitted from now on until release_held(): they then commit in
@@ -133,8 +153,9 @@ class Commits:
         assert loop is not None, "written to before any submit()"
         if (self.inline and not self._in_flight and not any(w.fsync for w in writes)
                 and time.monotonic() >= self._off_loop_until):
-            if not self._pending or self._pending[0].future.get_loop() is not loop:
+            if not self._pending or self._pending_loop is not loop:
                 loop.call_soon(self._flush)  # (a test's earlier loop may have ended unflushed)
+                self._pending_loop = loop
             self._pending.extend(writes)
         else:
             self._to_thread(writes)
@@ -162,8 +183,7 @@ class Commits:
             self._off_loop_until = started + took + OFF_LOOP_AFTER_SLOW_S
             log.warning("a lease database commit took %.0f ms on the event loop; committing on the writer "
                         "thread for the next %.0f s", took * 1000, OFF_LOOP_AFTER_SLOW_S)
-        for write, error in zip(batch, errors, strict=True):
-            _settle(write.future, error)
+        _settle_batch(batch, errors)
         self._checkpoint_if_due()
 
     def _checkpoint_if_due(self) -> None:
@@ -227,8 +247,7 @@ class Commits:
     def _settle_from_thread(self, batch: list[_Write], errors: list[BaseException | None], items: int) -> None:
         def settle() -> None:
             self._in_flight -= items
-            for write, error in zip(batch, errors, strict=True):
-                _settle(write.future, error)
+            _settle_batch(batch, errors)
             self._checkpoint_if_due()
 
         loop = self._loop
@@ -295,6 +314,19 @@ class Commits:
 def _sleeps() -> int:
     """How often this thread has slept (voluntary context switches): ~1 us."""
     return resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+
+
+def _settle_batch(batch: list[_Write], errors: list[BaseException | None]) -> None:
+    """Tell each write of a batch its outcome: the callbacks first, then the futures."""
+    for write, error in zip(batch, errors, strict=True):
+        if write.then is not None:
+            try:
+                write.then(error)
+            except Exception:  # one callback's bug must not leave the rest of the batch unsettled
+                log.exception("a commit's callback failed")
+    for write, error in zip(batch, errors, strict=True):
+        if write.future is not None:
+            _settle(write.future, error)
 
 
 def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:

@@ -246,3 +246,32 @@ def test_an_end_and_the_grant_it_frees_are_one_commit(tmp_path: Path):
     commits, order = asyncio.run(scenario())
     assert order == "ended while queued, granted"
     assert commits == 1
+
+
+def test_the_waiter_hears_of_its_grant_before_the_releaser_hears_its_release_is_done(tmp_path: Path):
+    """The hand-over is the latency a queued student sees (issue 16): once the end and the
+    grant it frees are committed, the grant goes to its waiter first. It used to wait for
+    the releaser's reply and two more turns of the loop (the commit's future, then the
+    pump's task), behind whatever else those turns ran."""
+    async def scenario() -> tuple[bool, bool]:
+        store, service = open_service(tmp_path, one_gpu())
+        first = service.acquire(me(), Requirement(1), wait=True, max_wait_s=None)
+        holding = await anext(first)
+        second = service.acquire(me(), Requirement(1), wait=True, max_wait_s=None)
+        assert isinstance(await anext(second), QueuedUpdate)
+        await asyncio.sleep(0.05)  # the queued request's own commit is done
+        reading = asyncio.ensure_future(anext(second))  # the waiter's stream, reading
+        await asyncio.sleep(0)
+        await service.release(me(), holding.id)
+        heard_first = reading.done()  # the releaser has just heard: has the waiter?
+        granted = await reading
+        on_disk = granted.id in active_on_disk(tmp_path)
+        await second.aclose()
+        await first.aclose()
+        await service.close()
+        store.close()
+        return heard_first, on_disk
+
+    heard_first, on_disk = asyncio.run(scenario())
+    assert heard_first, "the releaser heard before the waiter"
+    assert on_disk, "a grant is durable before its waiter hears of it"

@@ -305,3 +305,52 @@ def test_a_sleep_is_counted_as_one():
     before = store_writer._sleeps()
     real_time.sleep(0.001)
     assert store_writer._sleeps() > before
+
+
+@pytest.mark.parametrize("where", ["loop", "thread"])
+def test_a_writes_callback_is_told_before_any_future_of_its_transaction(tmp_path: Path, where: str):
+    """The pump's grant reaches its waiter from the commit itself (submit_then), ahead of
+    the releaser its end's future wakes, on either side of the writer; a callback that
+    raises leaves the rest of the batch settled."""
+    lease = dataclasses.replace(make_lease("l-1", "GPU-0"), reservation=False)
+
+    async def scenario() -> list[str]:
+        store = opened(tmp_path)
+        store._commits.inline = where == "loop"
+        told: list[str] = []
+        try:
+            store.hold()
+            end = store.save_end(ended(dataclasses.replace(make_lease("l-0", "GPU-0"), reservation=False)))
+            end.add_done_callback(lambda f: told.append(f"end future: {f.exception()}"))
+
+            def broken(error: BaseException | None) -> None:
+                told.append("broken callback")
+                raise RuntimeError("a bug in a callback")
+
+            ran: list[tuple[str, str]] = []
+            store._commits.submit_then(recorder(ran, "x"), False, broken)
+            store.save_grant_then(lease, "", lambda error: told.append(f"grant callback: {error}"))
+            store.release_held()
+            await asyncio.wait_for(end, 10)
+            await asyncio.sleep(0)
+            assert ran == [("x", LOOP if where == "loop" else WRITER)]
+            return told
+        finally:
+            store.close()
+
+    told = asyncio.run(scenario())
+    assert told == ["broken callback", "grant callback: None", "end future: None"]
+    assert raw(tmp_path, "SELECT device_uuid, lease_id FROM holdings") == [("GPU-0", "l-1")]
+
+
+def test_a_closed_store_tells_a_callback_its_write_was_not_made(tmp_path: Path):
+    async def scenario() -> list[str]:
+        store = opened(tmp_path)
+        store.close()
+        told: list[str] = []
+        store.save_grant_then(make_lease("l-1", "GPU-0"), "", lambda error: told.append(str(error)))
+        assert told == [], "told from inside the caller's own step"
+        await asyncio.sleep(0)
+        return told
+
+    assert asyncio.run(scenario()) == ["the lease database is closed"]
