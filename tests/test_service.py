@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from brokerd.config import Config
@@ -59,6 +59,19 @@ def active_on_disk(state_dir: Path) -> set[str]:
         return {lease.id for lease in store.open()[0]}
     finally:
         store.close()
+
+
+async def holder_and_waiter(state_dir: Path) -> tuple[LeaseStore, BrokerService, AsyncIterator, Lease, AsyncIterator]:
+    """One GPU held (the first stream and its lease), one request queued behind it and
+    on disk (the second stream, its queue line read)."""
+    store, service = open_service(state_dir, one_gpu())
+    first = service.acquire(me(), Requirement(1), wait=True, max_wait_s=None)
+    holding = await anext(first)
+    assert isinstance(holding, Lease)
+    second = service.acquire(me(), Requirement(1), wait=True, max_wait_s=None)
+    assert isinstance(await anext(second), QueuedUpdate)
+    await asyncio.sleep(0.05)  # the queued request's own commit is done
+    return store, service, first, holding, second
 
 
 def grant_announced(service: BrokerService, state_dir: Path) -> asyncio.Event:
@@ -213,12 +226,7 @@ def test_an_end_and_the_grant_it_frees_are_one_commit(tmp_path: Path):
     (issue 16). Hooks on the end (the device gate closing the node) still run before the
     pump grants."""
     async def scenario() -> tuple[int, str]:
-        store, service = open_service(tmp_path, one_gpu())
-        first = service.acquire(me(), Requirement(1), wait=True, max_wait_s=None)
-        holding = await anext(first)
-        second = service.acquire(me(), Requirement(1), wait=True, max_wait_s=None)
-        assert isinstance(await anext(second), QueuedUpdate)
-        await asyncio.sleep(0.05)  # the queued request's own commit is done
+        store, service, first, holding, second = await holder_and_waiter(tmp_path)
         order: list[str] = []
 
         class Hook(LeaseHook):
@@ -254,12 +262,7 @@ def test_the_waiter_hears_of_its_grant_before_the_releaser_hears_its_release_is_
     the releaser's reply and two more turns of the loop (the commit's future, then the
     pump's task), behind whatever else those turns ran."""
     async def scenario() -> tuple[bool, bool]:
-        store, service = open_service(tmp_path, one_gpu())
-        first = service.acquire(me(), Requirement(1), wait=True, max_wait_s=None)
-        holding = await anext(first)
-        second = service.acquire(me(), Requirement(1), wait=True, max_wait_s=None)
-        assert isinstance(await anext(second), QueuedUpdate)
-        await asyncio.sleep(0.05)  # the queued request's own commit is done
+        store, service, first, holding, second = await holder_and_waiter(tmp_path)
         reading = asyncio.ensure_future(anext(second))  # the waiter's stream, reading
         await asyncio.sleep(0)
         await service.release(me(), holding.id)
