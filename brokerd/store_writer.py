@@ -118,16 +118,21 @@ class Commits:
 
     def submit(self, op: Op, fsync: bool) -> asyncio.Future[None]:
         """Queue a write; the future resolves once it is committed."""
-        loop = self._loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
+        future: asyncio.Future[None] = self._bind_loop().create_future()
         self._add(_Write(op, fsync or self.fsync_all, future=future))
         return future
 
     def submit_then(self, op: Op, fsync: bool, then: Then) -> None:
         """Queue a write; `then` is called on the loop as it settles, before the futures
         of its transaction resolve (it must not raise)."""
-        self._loop = asyncio.get_running_loop()
+        self._bind_loop()
         self._add(_Write(op, fsync or self.fsync_all, then=then))
+
+    def _bind_loop(self) -> asyncio.AbstractEventLoop:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # a first write, or a test's next loop: a checkpoint's end
+            self._loop, self._checkpointing = loop, False  # told to a loop that had ended never came
+        return loop
 
     def _add(self, write: _Write) -> None:
         if self._thread is None:  # closed (shutting down): say so rather than never answer
