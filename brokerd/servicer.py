@@ -42,6 +42,7 @@ MAX_GPUS = 1024
 MAX_MEMORY_MIB = 1 << 40  # 1 EiB: anything above is a typo, not a GPU
 MAX_WAIT_S = 366 * 86400
 MAX_TIME_LIMIT_S = 366 * 86400  # the policy's time_max refuses far less; this catches typos early
+HELD_MAX_AGE_S = 1.0  # a queue line's held devices say their time left to within this
 MAX_TEXT = 256 * 1024  # contract files and config: plenty for YAML a human writes
 
 _CODES = {
@@ -104,7 +105,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         self.service = service
         self.authority = authority
         self.guard = WorkGuard()  # contract parsing and evaluation: off the loop, per-user bounded
-        self._held_cache: tuple[tuple[DeviceView, ...], list[pb.Device]] = ((), [])
+        self._held_cache: tuple[tuple[DeviceView, ...], float, list[pb.Device]] = ((), 0.0, [])
         self.status_cache = StatusCache()  # one reply for every poller until the state changes
 
     # -- helpers -----------------------------------------------------------------------
@@ -152,9 +153,14 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         """The held devices of a queue update as messages, built once per announcement: all
         its waiters get the same tuple, and building 64 devices for each of 500 waiters on
         every grant was most of a grant's time on a large host."""
-        if self._held_cache[0] is not held:
-            self._held_cache = (held, [held_pb(view) for view in held])
-        return self._held_cache[1]
+        cached, built_at, messages = self._held_cache
+        now = time.monotonic()
+        # Equal views (a newcomer's own first line: its tuple is new, its devices and
+        # leases are not) share the messages too, for as long as their time left is right.
+        if cached is not held and (cached != held or now - built_at >= HELD_MAX_AGE_S):
+            messages = [held_pb(view) for view in held]
+            self._held_cache = (held, now, messages)
+        return messages
 
     # -- RPCs --------------------------------------------------------------------------
 

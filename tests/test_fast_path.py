@@ -194,3 +194,37 @@ def test_a_waiters_first_line_says_who_holds_what_and_no_more(broker: Broker, co
     finally:
         stream.cancel()
     _release(connection, granted.granted.id)
+
+
+def test_newcomers_share_one_build_of_the_held_devices_while_they_stay_the_same(monkeypatch):
+    """Each newcomer's first line carries the held devices; on a 64-device host building
+    them for every newcomer cost its join ~0.7 ms of the loop. Equal views share one build,
+    for at most HELD_MAX_AGE_S (the time left in it must stay right)."""
+    import dataclasses
+    import time
+
+    from brokerd import servicer as servicer_module
+    from brokerd.devices import Device
+    from brokerd.servicer import HELD_MAX_AGE_S, BrokerServicer
+    from brokerd.views import DeviceView
+    from tests.test_store import make_lease
+
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(servicer_module, "time", type("Clock", (), {"monotonic": staticmethod(lambda: clock["now"]),
+                                                                    "time": staticmethod(time.time)}))
+    servicer = BrokerServicer.__new__(BrokerServicer)
+    servicer._held_cache = ((), 0.0, [])
+    devices = [Device(i, f"GPU-{i}", "nvidia", "card", 1024, "cuda", "sm_80", simulated=True) for i in range(3)]
+    lease = make_lease("l-1", "GPU-0", "GPU-1", "GPU-2")
+
+    def views(holder=lease):
+        return tuple(DeviceView(d, "leased", holder) for d in devices)  # a new tuple each time, as _send makes
+
+    first = servicer._held_pb(views())
+    assert [m.uuid for m in first] == ["GPU-0", "GPU-1", "GPU-2"] and first[0].lease_id == "l-1"
+    assert servicer._held_pb(views()) is first  # the next newcomer: the same build
+    other = dataclasses.replace(lease, id="l-2")
+    changed = servicer._held_pb(views(other))
+    assert changed is not first and changed[0].lease_id == "l-2"  # another holder: built anew
+    clock["now"] += HELD_MAX_AGE_S
+    assert servicer._held_pb(views(other)) is not changed  # a second on: its time left is rebuilt
