@@ -182,6 +182,10 @@ class LeaseStore:
             self._migrate(conn, found)
         conn.executescript(_SCHEMA)
         conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        # One read transaction, one snapshot: a file something else commits to meanwhile (a
+        # test reading a live daemon's file) must not show the leases of one moment and the
+        # holdings of the next, which looks exactly like a file that cannot be trusted.
+        conn.execute("BEGIN")
         try:
             active = [_lease_from_row(r) for r in conn.execute("SELECT * FROM leases WHERE state=?", (ACTIVE,))]
             ended = [
@@ -193,6 +197,8 @@ class LeaseStore:
             drained = {r[0]: r[1] for r in conn.execute("SELECT device_uuid, reason FROM drained")}
         except (sqlite3.DatabaseError, ValueError, TypeError, KeyError) as exc:
             raise StateError(self._refusal(f"a lease record is malformed ({exc})")) from exc
+        finally:
+            conn.execute("COMMIT")
         expected = {u: lease.id for lease in active for u in lease.devices}
         if holdings != expected:
             raise StateError(self._refusal("its device holdings do not match its active leases"))

@@ -411,3 +411,52 @@ def test_held_saves_wait_for_release_then_commit_as_one_transaction(tmp_path: Pa
         return transactions, sorted(lease.id for lease in reopen(tmp_path)[0])
 
     assert asyncio.run(scenario()) == (1, ["l-0", "l-1", "l-2"])
+
+
+def test_opening_a_file_that_is_committed_to_meanwhile_reads_one_moment_of_it(tmp_path: Path, monkeypatch):
+    """A flaky CI failure: a test read a live daemon's file (active_on_disk) while the
+    writer committed a hand-back. open() read the leases, the commit went in, then it read
+    the holdings, and it refused the file as untrustworthy. One read transaction: the
+    leases and holdings of one moment."""
+    lease = dataclasses.replace(make_lease("l-1", "GPU-0"), reservation=False)
+
+    async def grant() -> None:
+        store = LeaseStore(tmp_path)
+        store.open()
+        try:
+            await store.save_grant(lease)
+        finally:
+            store.close()
+
+    asyncio.run(grant())
+    real_connect = sqlite3.connect
+
+    class CommitBeforeHoldingsAreRead:
+        """The connection open() makes, with another connection's commit (the lease's end)
+        slipped in right before open() reads the holdings."""
+
+        def __init__(self, conn: sqlite3.Connection) -> None:
+            object.__setattr__(self, "_conn", conn)
+
+        def __getattr__(self, name: str):
+            return getattr(self._conn, name)
+
+        def __setattr__(self, name: str, value: object) -> None:
+            setattr(self._conn, name, value)
+
+        def execute(self, sql: str, *args: object):
+            if sql.startswith("SELECT device_uuid, lease_id FROM holdings"):
+                other = real_connect(tmp_path / DB_NAME, isolation_level=None)
+                other.execute("PRAGMA busy_timeout=5000")
+                other.executescript("BEGIN IMMEDIATE; DELETE FROM holdings; "
+                                    "UPDATE leases SET state='released'; COMMIT;")
+                other.close()
+            return self._conn.execute(sql, *args)
+
+    monkeypatch.setattr(sqlite3, "connect", lambda *a, **k: CommitBeforeHoldingsAreRead(real_connect(*a, **k)))
+    store = LeaseStore(tmp_path)
+    active, _, _ = store.open()  # the moment before the end: l-1 holds GPU-0
+    store.close()
+    monkeypatch.undo()
+    assert [x.id for x in active] == ["l-1"]
+    assert reopen(tmp_path)[0] == []  # and the end is on disk
