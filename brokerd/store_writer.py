@@ -97,7 +97,7 @@ class Commits:
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop the writes come from
         self._checkpointer: sqlite3.Connection | None = None  # the writer thread's, for checkpoints
         self._wal_too_long = False  # the last checkpoint found the WAL past WAL_RESTART_FRAMES
-        self._checkpointing = False  # one is queued or running (the loop's side)
+        self._checkpointing: str | None = None  # the checkpoint queued or running, if any (the loop's side)
         self._held: list[_Write] | None = None  # writes held back for one transaction (hold())
         self._pending: list[_Write] = []  # writes to commit on the loop at its next turn
         self._pending_loop: asyncio.AbstractEventLoop | None = None  # the loop whose turn commits them
@@ -131,7 +131,7 @@ class Commits:
     def _bind_loop(self) -> asyncio.AbstractEventLoop:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:  # a first write, or a test's next loop: a checkpoint's end
-            self._loop, self._checkpointing = loop, False  # told to a loop that had ended never came
+            self._loop, self._checkpointing = loop, None  # told to a loop that had ended never came
         return loop
 
     def _add(self, write: _Write) -> None:
@@ -196,19 +196,31 @@ class Commits:
         self._checkpoint_if_due()
 
     def _checkpoint_if_due(self) -> None:
-        if self.commits - self._checkpointed_at >= CHECKPOINT_EVERY and not self._checkpointing:
+        if self.commits - self._checkpointed_at < CHECKPOINT_EVERY:
+            return
+        if self._checkpointing is None:  # one at a time: under load they would queue up
             self._checkpointed_at = self.commits
-            self._checkpointing = True  # one at a time: under load they would queue up
             # Neither is in flight: they have their own connection.
-            self._ops.put(_CHECKPOINT_THEN_RESTART if self._wal_too_long else _CHECKPOINT)
+            self._checkpointing = _CHECKPOINT_THEN_RESTART if self._wal_too_long else _CHECKPOINT
+            self._ops.put(self._checkpointing)
+        elif self._checkpointing is _CHECKPOINT_THEN_RESTART:
+            # Its first half is still copying after another CHECKPOINT_EVERY commits (a
+            # loaded disk): the commits wait for the second from now, so the WAL restarts
+            # within a bounded number of commits, however slow the first half.
+            self._checkpointed_at = self.commits
+            self._restart_wal()
 
     def _checkpointed(self, item: str) -> None:
         """On the loop, after a checkpoint: the one with the commits behind it, when the
         bulk is back (the first commit after it starts the WAL again from the top)."""
-        if item is _CHECKPOINT_THEN_RESTART:
-            self._to_thread(_CHECKPOINT_AND_RESTART)
-        else:
-            self._checkpointing = False
+        if item is not _CHECKPOINT_THEN_RESTART:
+            self._checkpointing = None
+        elif self._checkpointing is _CHECKPOINT_THEN_RESTART:  # not asked for already
+            self._restart_wal()
+
+    def _restart_wal(self) -> None:
+        self._checkpointing = _CHECKPOINT_AND_RESTART
+        self._to_thread(_CHECKPOINT_AND_RESTART)
 
     # -- the writer thread's side ---------------------------------------------------------
 
