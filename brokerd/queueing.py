@@ -200,15 +200,13 @@ class DurableQueue:
         """Grant what the queue can now have; each grant is durable before its waiter hears."""
         self._grant_now()
 
-    def _grant_now(self: BrokerService) -> int:
+    def _grant_now(self: BrokerService) -> None:
         """The pump's grants, made in memory and queued for commit (no await: a caller that
         holds the store's writes, LeaseStore.hold, gets them into its own transaction). Each
-        waiter hears from the commit itself (_granted_durably); how many were granted."""
-        grants = self.manager.pump()
-        for grant in grants:
+        waiter hears from the commit itself (_granted_durably)."""
+        for grant in self.manager.pump():
             self.store.save_grant_then(grant.lease, grant.request.id,
                                        lambda error, grant=grant: self._granted_durably(grant, error))
-        return len(grants)
 
     def _granted_durably(self: BrokerService, grant: Grant, error: BaseException | None) -> None:
         """A pump's grant has committed (`error` None) or failed to: tell its waiter now, in
@@ -235,10 +233,9 @@ class DurableQueue:
         else:
             self._end(grant.lease.id, RELEASED, LEFT)
 
-    async def _persist_grant(self: BrokerService, lease: Lease, saved: asyncio.Future[None] | None = None) -> None:
+    async def _persist_grant(self: BrokerService, lease: Lease) -> None:
         """Commit a grant made outside the pump (granted at once) before its client hears."""
-        if saved is None:
-            saved = self.store.save_grant(lease)
+        saved = self.store.save_grant(lease)
         try:
             await asyncio.shield(saved)
         except asyncio.CancelledError:
