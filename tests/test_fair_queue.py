@@ -234,3 +234,27 @@ def test_a_newcomer_leaves_the_reasons_of_the_requests_ahead_as_they_were():
     newcomer = queued(m.submit(BOB, Requirement(1), wait=True))  # no time limit: may not backfill
     assert ahead.reason == reason
     assert newcomer.reason.startswith("backfill window: free devices are kept for a request ahead"), newcomer.reason
+
+
+def test_a_newcomer_finds_its_place_in_a_long_queue_without_comparing_requests_field_by_field(monkeypatch):
+    # Request is a dataclass: == builds and compares a tuple of every field. list.index
+    # did that for each request ahead of a newcomer, twice, on the event loop (0.11 ms per
+    # scan at 500 waiting, measured); the newcomer is the very object, found by identity.
+    m, clock = manager(1)
+    granted(m.submit(CAROL, Requirement(1), wait=False))
+    for n in range(50):
+        clock.now += 1
+        queued(m.submit(Holder(3000 + n, 3000 + n, 800 + n, 1, f"u{n}"), Requirement(1), wait=True))
+    compared = 0
+    field_by_field = Request.__eq__
+
+    def counted(self, other):
+        nonlocal compared
+        compared += 1
+        return field_by_field(self, other)
+
+    monkeypatch.setattr(Request, "__eq__", counted)
+    clock.now += 1
+    newcomer = queued(m.submit(ALICE, Requirement(1), wait=True))
+    assert compared == 0
+    assert any(r is newcomer for r in m.queue) and newcomer.reason
