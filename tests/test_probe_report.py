@@ -79,3 +79,25 @@ def test_simulated_processes_reach_the_report(tmp_path: Path) -> None:
     snap = Snapshot(result.devices, result.processes, (result.verdict,), simulated=True)
     assert "simulated inventory" in render_probe_text(snap)
     assert probe_report(snap)["processes"][0]["command"] == "python3 train.py"
+
+
+def test_a_simulated_refresh_parses_its_file_once_with_libyaml_where_pyyaml_has_it(tmp_path: Path, monkeypatch):
+    # The daemon re-reads the inventory at every refresh; a 64-device file took ~50 ms of
+    # the interpreter per pure-Python parse, and each refresh parsed it twice.
+    import yaml
+
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text("devices:\n  - {vendor: nvidia, name: A100, uuid: GPU-a, memory_mib: 81920}\n"
+                         "processes:\n  - {device_uuid: GPU-a, pid: 4321}\n")
+    loaders = []
+    real_load = yaml.load
+
+    def load(stream, Loader):  # PyYAML's own keyword
+        loaders.append(Loader)
+        return real_load(stream, Loader=Loader)
+
+    monkeypatch.setattr(yaml, "load", load)
+    monkeypatch.setattr(yaml, "safe_load", lambda stream: load(stream, yaml.SafeLoader))
+    result = SimulatedProbe(inventory).probe()
+    assert [d.uuid for d in result.devices] == ["GPU-a"] and [p.pid for p in result.processes] == [4321]
+    assert loaders == [yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader]
