@@ -15,7 +15,7 @@ from brokerd.errors import Internal, Unsatisfiable
 from brokerd.journal import log_event
 from brokerd.lease_model import IDLE, RELEASED, REVOKED, Lease
 from brokerd.policy_config import EffectiveLimits
-from brokerd.process import Identity
+from brokerd.process import Holder, Identity
 from brokerd.views import UsageView
 from vaccel_common.units import format_duration
 
@@ -67,20 +67,32 @@ class Governance:
     def usage_views(self: BrokerService) -> tuple[UsageView, ...]:
         """Each user holding or waiting for devices, against their limits, by name."""
         manager, now = self.manager, time.time()
-        active = list(manager.leases.values())
-        people = {lease.holder.uid: lease.holder for lease in active}
-        people.update({r.holder.uid: r.holder for r in manager.queue if r.holder.uid not in people})
+        # One pass over the leases and one over the queue, not one of each per user: with
+        # 500 waiting that was most of a Status build (built at every change of the queue).
+        own: dict[int, list[Lease]] = {}
+        people: dict[int, Holder] = {}  # as their latest lease names them, else their latest request
+        for lease in manager.leases.values():
+            own.setdefault(lease.holder.uid, []).append(lease)
+            people[lease.holder.uid] = lease.holder
+        waiting: dict[int, int] = {}
+        queued: dict[int, Holder] = {}
+        for request in manager.queue:
+            waiting[request.holder.uid] = waiting.get(request.holder.uid, 0) + 1
+            queued[request.holder.uid] = request.holder
+        for uid, holder in queued.items():
+            people.setdefault(uid, holder)
         views = []
         for uid, holder in people.items():
             limits = self.config.policy.for_user(holder.user, holder.gid)
+            leases = own.get(uid, [])  # the usage book counts only this uid's leases anyway
             views.append(UsageView(
                 user=holder.user or str(uid), uid=uid, policy=limits.name,
-                devices_held=sum(len(lease.devices) for lease in active if lease.holder.uid == uid),
+                devices_held=sum(len(lease.devices) for lease in leases),
                 max_devices=limits.max_devices,
-                waiting=sum(1 for r in manager.queue if r.holder.uid == uid), max_waiting=limits.max_waiting,
-                device_hours=manager.usage.in_window(uid, now, limits.window_s, active),
+                waiting=waiting.get(uid, 0), max_waiting=limits.max_waiting,
+                device_hours=manager.usage.in_window(uid, now, limits.window_s, leases),
                 max_device_hours=limits.max_device_hours, window_s=limits.window_s,
-                fair_usage=manager.usage.recent(uid, now, active),
+                fair_usage=manager.usage.recent(uid, now, leases),
             ))
         return tuple(sorted(views, key=lambda v: v.user))
 
