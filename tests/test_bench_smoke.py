@@ -101,4 +101,5 @@ def test_scale_benchmark_runs_a_tiny_host() -> None:
     assert "error" not in row, row
     assert row["devices"] == 2 and row["waiters"] == 3
     assert row["cpu_pct"] >= 0 and row["rss_mb"] > 0 and row["status_p50_ms"] > 0 and row["grant_p50_ms"] > 0
-    assert set(row["pass"]) == {"cpu", "rss", "status", "grant"}
+    assert row["grant_settled_p50_ms"] > 0 and row["grant_settled_p90_ms"] >= row["grant_settled_p50_ms"]
+    assert set(row["pass"]) == {"cpu", "rss", "status", "grant", "grant settled"}
