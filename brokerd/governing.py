@@ -68,7 +68,7 @@ class Governance:
         """Each user holding or waiting for devices, against their limits, by name."""
         manager, now = self.manager, time.time()
         # One pass over the leases and one over the queue, not one of each per user: with
-        # 500 waiting that was most of a Status build (built at every change of the queue).
+        # 500 waiting that was 40% of a Status build (built at every change of the queue).
         own: dict[int, list[Lease]] = {}
         people: dict[int, Holder] = {}  # as their latest lease names them, else their latest request
         for lease in manager.leases.values():

