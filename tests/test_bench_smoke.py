@@ -81,7 +81,7 @@ def test_handover_benchmark_prints_each_row() -> None:
     assert done.returncode == 0, done.stderr
     assert set(Path("/tmp").glob("vaccel-bench-*")) <= before, "the run left its temp dir behind"
     out = done.stdout
-    assert "bare gRPC echo p50 in the same run" in out
+    assert "bare gRPC echo p50 in the same run" in out and "ms of silence (idle)" in out and "x idle echo" in out
     for row in ("in-process, release, 1 waiting", "in-process, exit, 1 waiting", "whole process, 1 waiting"):
         assert row in out
 
