@@ -238,8 +238,9 @@ def test_a_newcomer_leaves_the_reasons_of_the_requests_ahead_as_they_were():
 
 def test_a_newcomer_finds_its_place_in_a_long_queue_without_comparing_requests_field_by_field(monkeypatch):
     # Request is a dataclass: == builds and compares a tuple of every field. list.index
-    # did that for each request ahead of a newcomer, twice, on the event loop (0.11 ms per
-    # scan at 500 waiting, measured); the newcomer is the very object, found by identity.
+    # did that for each request ahead of a newcomer, once or twice, on the event loop
+    # (0.11 ms per scan at 500 waiting, measured); the newcomer is the very object, found
+    # by identity.
     m, clock = manager(1)
     granted(m.submit(CAROL, Requirement(1), wait=False))
     for n in range(50):
