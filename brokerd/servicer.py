@@ -148,7 +148,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         for uuid in lease.devices:
             device = self.service.device(uuid)
             if device is not None:
-                msg.devices.append(device_pb(device, "leased" if lease.active else "", lease))
+                device_pb(device, "leased" if lease.active else "", lease, into=msg.devices)
             else:
                 msg.devices.append(pb.Device(uuid=uuid, state="missing"))
         msg.warnings.extend(check_line_to_proto(w) for w in lease.warnings)
