@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 
 from brokerd.contract import Evaluation
 from brokerd.errors import Unsatisfiable
-from brokerd.lease_model import Grant, Request
-from brokerd.queue_rules import fair_order, limit_reason, wait_reason
+from brokerd.lease_model import Grant, Lease, Request
+from brokerd.queue_rules import BACKFILL, fair_order, limit_reason, wait_reason
 from brokerd.reservations import NEVER, Reservations
 
 if TYPE_CHECKING:
@@ -36,9 +36,13 @@ class QueueSide:
     def ordered(self: LeaseManager, queue: list[Request] | None = None) -> list[Request]:
         """The queue in the order it is served (brokerd/queue_rules.py: fair, with aging)."""
         now = self._clock()
-        active = list(self.leases.values())
+        # Each running lease is looked at once, here, not once per waiting user (64
+        # leases x 12 users at every pump and newcomer on a large host).
+        running: dict[int, list[Lease]] = {}
+        for lease in self.leases.values():
+            running.setdefault(lease.holder.uid, []).append(lease)
         return fair_order(self.queue if queue is None else queue, now, self.aging_s,
-                          lambda uid: self.usage.recent(uid, now, active))
+                          lambda uid: self.usage.recent(uid, now, running.get(uid, ())))
 
     def _reservations(self: LeaseManager) -> Reservations:
         now = self._clock()
@@ -83,14 +87,14 @@ class QueueSide:
         reserved = self._reservations()
         free = self._free()
         users_ahead: set[int] = set()
-        for request in self.ordered():
-            if not free:  # nothing left to grant: the rest keep their place and their reasons
-                waiting.append(request)
-                if request.reason.startswith("backfill window"):  # no free device is kept any more
-                    others = len(users_ahead - {request.holder.uid})
-                    request.reason = wait_reason(request, reserved, [], others)
-                users_ahead.add(request.holder.uid)
-                continue
+        order = self.ordered()
+        told_backfill_before, self.backfill_told = self.backfill_told, False
+        for at, request in enumerate(order):
+            if not free:  # nothing left to grant: the rest keep their place and their reasons...
+                if told_backfill_before:  # ...but "backfill window": no free device is kept any more
+                    self._tell_backfill_waiters(order[at:], reserved, users_ahead)
+                waiting.extend(order[at:])
+                break
             held_back = self._limit(request, reserved)
             if held_back:
                 request.reason = held_back
@@ -101,6 +105,7 @@ class QueueSide:
                 waiting.append(request)
                 others = len(users_ahead - {request.holder.uid})
                 request.reason = wait_reason(request, reserved, free, others)
+                self.backfill_told |= request.reason.startswith(BACKFILL)
                 reserved.add(request)
                 users_ahead.add(request.holder.uid)
             else:
@@ -109,6 +114,17 @@ class QueueSide:
                 free = [d for d in free if d.uuid not in lease.devices]
         self.queue = waiting
         return grants
+
+    @staticmethod
+    def _tell_backfill_waiters(rest: list[Request], reserved: Reservations, users_ahead: set[int]) -> None:
+        """The requests behind the last free device that were told of a backfill window
+        are told why they wait now. A pass over all of them, taken only when some request
+        was told of one: the pump's common case, a release on a full host, takes none
+        (the pass cost ~0.7 ms of the daemon per grant at 500 waiting)."""
+        for request in rest:
+            if request.reason.startswith(BACKFILL):
+                request.reason = wait_reason(request, reserved, [], len(users_ahead - {request.holder.uid}))
+            users_ahead.add(request.holder.uid)
 
     def queue_position(self: LeaseManager, request_id: str) -> tuple[int, int]:
         for i, request in enumerate(self.queue):

@@ -45,7 +45,7 @@ from brokerd.lease_model import (
 from brokerd.lease_queue import QueueSide
 from brokerd.policy import select_devices
 from brokerd.process import Holder, ProcessId
-from brokerd.queue_rules import wait_reason
+from brokerd.queue_rules import BACKFILL, wait_reason
 from brokerd.reservations import Reservations
 from vaccel_common.units import format_duration
 
@@ -85,6 +85,11 @@ class LeaseManager(QueueSide):
         self._evaluations: dict[Hashable, Evaluation] = {}  # valid for the current devices
         self.usage = UsageBook()  # recent use per user, for the fair queue and the limits
         self.aging_s = 4 * 3600.0  # a request this old goes ahead of all younger ones
+        # Whether a queued request may carry a "backfill window" reason, which the next pump
+        # must replace if no free device is left. Reasons are told only by submit() and
+        # pump(): each sets it when it tells one, and the pump clears it once it has told
+        # every such request again.
+        self.backfill_told = False
 
     # -- inventory ---------------------------------------------------------------------
 
@@ -198,6 +203,7 @@ class LeaseManager(QueueSide):
                 return lease
             ahead = {r.holder.uid for r in ahead_of_it} - {holder.uid}
             request.reason = wait_reason(request, reserved, self._free(), len(ahead))
+            self.backfill_told |= request.reason.startswith(BACKFILL)
         if not wait:
             raise Busy(f"no free device satisfies the request now ({request.reason or 'busy'}); "
                        f"{self.holders_summary()}")

@@ -18,6 +18,8 @@ from brokerd.lease_model import Request
 from brokerd.reservations import NEVER, Reservations
 from vaccel_common.units import format_duration
 
+BACKFILL = "backfill window"  # how a wait_reason() that names a backfill window starts
+
 
 def fair_order(queue: list[Request], now: float, aging_s: float, recent: Callable[[int], float]) -> list[Request]:
     used: dict[int, float] = {}
@@ -65,7 +67,7 @@ def wait_reason(request: Request, reserved: Reservations, free: list[Device], us
             window = max(0.0, until - reserved.now)
             same_day = time.localtime(until)[:3] == time.localtime(reserved.now)[:3]
             at = time.strftime("%H:%M" if same_day else "%a %H:%M", time.localtime(until))
-            return (f"backfill window: free devices are kept for a request ahead that starts by {at}; "
+            return (f"{BACKFILL}: free devices are kept for a request ahead that starts by {at}; "
                     f"with --time under {format_duration(window)} this would start now")
         return f"fair share, {users_ahead} user{'s' if users_ahead != 1 else ''} ahead"
     if users_ahead:
