@@ -31,11 +31,16 @@ class WaitRecords:
     def __init__(self) -> None:
         self._by_id: dict[str, WaitRecord] = {}
         self._by_key: dict[tuple[int, str], str] = {}  # (uid, key) -> request id
+        # lease id -> request id, for the grants kept for a waiter who was away: each end
+        # of a lease asks (one look-up, not a pass over every waiting request's record).
+        self._by_lease: dict[str, str] = {}
 
     def add(self, record: WaitRecord) -> None:
         self._by_id[record.request_id] = record
         if record.key:
             self._by_key[(record.holder.uid, record.key)] = record.request_id
+        if record.lease_id:
+            self._by_lease[record.lease_id] = record.request_id
 
     def get(self, request_id: str) -> WaitRecord | None:
         return self._by_id.get(request_id)
@@ -59,9 +64,13 @@ class WaitRecords:
         record = self._by_id.pop(request_id, None)
         if record is not None and self._by_key.get((record.holder.uid, record.key)) == request_id:
             del self._by_key[(record.holder.uid, record.key)]
+        if record is not None and record.lease_id and self._by_lease.get(record.lease_id) == request_id:
+            del self._by_lease[record.lease_id]
         return record
 
     def drop_lease(self, lease_id: str) -> None:
         """A lease ended: a grant waiting for its waiter is gone with it."""
-        for record in [r for r in self._by_id.values() if r.lease_id == lease_id]:
+        request_id = self._by_lease.pop(lease_id, None)
+        record = self._by_id.get(request_id) if request_id is not None else None
+        if record is not None and record.lease_id == lease_id:  # (still the record that kept it)
             self.drop(record.request_id)
