@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from brokerd.contract import Evaluation
 from brokerd.errors import Unsatisfiable
 from brokerd.lease_model import Grant, Lease, Request
-from brokerd.queue_rules import BACKFILL, fair_order, limit_reason, wait_reason
+from brokerd.queue_rules import BACKFILL, OrderBasis, fair_order_and_basis, limit_reason, wait_reason
 from brokerd.reservations import NEVER, Reservations
 
 if TYPE_CHECKING:
@@ -34,15 +34,37 @@ class QueueSide:
         return replace(evaluation, eligible=eligible)
 
     def ordered(self: LeaseManager, queue: list[Request] | None = None) -> list[Request]:
-        """The queue in the order it is served (brokerd/queue_rules.py: fair, with aging)."""
+        """The queue (or `queue`, sorted afresh) in the order it is served
+        (brokerd/queue_rules.py: fair, with aging)."""
+        return self._fair_order(queue)[0]
+
+    def _fair_order(self: LeaseManager, queue: list[Request] | None = None) -> tuple[list[Request], OrderBasis]:
         now = self._clock()
         # Each running lease is looked at once, here, not once per waiting user (64
         # leases x 12 users at every pump and newcomer on a large host).
         running: dict[int, list[Lease]] = {}
         for lease in self.leases.values():
             running.setdefault(lease.holder.uid, []).append(lease)
-        return fair_order(self.queue if queue is None else queue, now, self.aging_s,
-                          lambda uid: self.usage.recent(uid, now, running.get(uid, ())))
+
+        def recent(uid: int) -> float:
+            return self.usage.recent(uid, now, running.get(uid, ()))
+
+        if queue is None:
+            # The queue as the last sort left it, or fewer of it, is put in fair order from
+            # what that sort rested on (queue_rules.OrderBasis), when that still can be.
+            basis = self._order_basis
+            if basis is not None and self.queue is self._sorted_queue and len(self.queue) == self._sorted_length:
+                reordered = basis.reorder(self.queue, now, self.aging_s, recent)
+                if reordered is not None:
+                    return reordered
+            queue = self.queue
+        return fair_order_and_basis(queue, now, self.aging_s, recent)
+
+    def _queue_in_order(self: LeaseManager, queue: list[Request], basis: OrderBasis) -> None:
+        """Make `queue` the queue: it is in the fair order `basis` describes."""
+        self.queue = self._sorted_queue = queue
+        self._sorted_length = len(queue)
+        self._order_basis = basis
 
     def _reservations(self: LeaseManager) -> Reservations:
         now = self._clock()
@@ -71,6 +93,8 @@ class QueueSide:
     def cancel(self: LeaseManager, request_id: str) -> bool:
         for i, request in enumerate(self.queue):
             if request.id == request_id:
+                if self.queue is self._sorted_queue and len(self.queue) == self._sorted_length:
+                    self._sorted_length -= 1  # one fewer is still in order
                 del self.queue[i]
                 return True
         return False
@@ -87,7 +111,7 @@ class QueueSide:
         reserved = self._reservations()
         free = self._free()
         users_ahead: set[int] = set()
-        order = self.ordered()
+        order, basis = self._fair_order()
         told_backfill_before, self.backfill_told = self.backfill_told, False
         for at, request in enumerate(order):
             if not free:  # nothing left to grant: the rest keep their place and their reasons...
@@ -112,7 +136,7 @@ class QueueSide:
                 grants.append(Grant(request, lease))
                 reserved.granted(lease)
                 free = [d for d in free if d.uuid not in lease.devices]
-        self.queue = waiting
+        self._queue_in_order(waiting, basis)  # the order, less what was granted
         return grants
 
     @staticmethod

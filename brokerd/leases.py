@@ -45,7 +45,7 @@ from brokerd.lease_model import (
 from brokerd.lease_queue import QueueSide
 from brokerd.policy import select_devices
 from brokerd.process import Holder, ProcessId
-from brokerd.queue_rules import BACKFILL, wait_reason
+from brokerd.queue_rules import BACKFILL, OrderBasis, wait_reason
 from brokerd.reservations import Reservations
 from vaccel_common.units import format_duration
 
@@ -90,6 +90,11 @@ class LeaseManager(QueueSide):
         # pump(): each sets it when it tells one, and the pump clears it once it has told
         # every such request again.
         self.backfill_told = False
+        # The queue as it was last put in fair order (the very list and its length then),
+        # and what that order rested on: see QueueSide._fair_order.
+        self._sorted_queue: list[Request] | None = None
+        self._sorted_length = 0
+        self._order_basis: OrderBasis | None = None
 
     # -- inventory ---------------------------------------------------------------------
 
@@ -183,7 +188,7 @@ class LeaseManager(QueueSide):
         request = Request(self._new_id("r-"), holder, requirement, evaluation, terms, self._clock(), ask, limits)
         # The requests ahead of it in the queue's order keep what they will start on; the
         # newcomer may take only what they leave it (or backfill).
-        order = self.ordered([*self.queue, request])
+        order, basis = self._fair_order([*self.queue, request])
         # Found by identity: list.index compares with the dataclass's __eq__, which builds
         # and compares a tuple of every field for each request ahead (0.11 ms per scan
         # of 500; 0.016 ms by identity).
@@ -207,7 +212,7 @@ class LeaseManager(QueueSide):
         if not wait:
             raise Busy(f"no free device satisfies the request now ({request.reason or 'busy'}); "
                        f"{self.holders_summary()}")
-        self.queue = order
+        self._queue_in_order(order, basis)
         return request
 
     def _try_grant(self, request: Request, reserved: Reservations) -> Lease | None:
@@ -364,7 +369,13 @@ class LeaseManager(QueueSide):
         for lease in self.leases.values():
             lease.members.discard(process)
         dropped = [r for r in self.queue if r.holder.process == process]
-        self.queue = [r for r in self.queue if r not in dropped]
+        if dropped:
+            in_order = self.queue is self._sorted_queue and len(self.queue) == self._sorted_length
+            kept = [r for r in self.queue if r not in dropped]
+            if in_order and self._order_basis is not None:
+                self._queue_in_order(kept, self._order_basis)  # fewer of an ordered queue: in order still
+            else:
+                self.queue = kept
         return ended, dropped
 
     def involves(self, process: ProcessId) -> bool:

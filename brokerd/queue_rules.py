@@ -10,8 +10,11 @@ older than it take), never for ever.
 
 from __future__ import annotations
 
+import math
 import time
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from brokerd.devices import Device
 from brokerd.lease_model import Request
@@ -21,18 +24,91 @@ from vaccel_common.units import format_duration
 BACKFILL = "backfill window"  # how a wait_reason() that names a backfill window starts
 
 
-def fair_order(queue: list[Request], now: float, aging_s: float, recent: Callable[[int], float]) -> list[Request]:
+# A request this close to turning old enough to go first is sorted again rather than
+# trusted to the basis below (its age is computed as now - since, the basis adds).
+_AGING_MARGIN_S = 0.001
+
+
+def _ranking(use: dict[int, float]) -> tuple[tuple[int, ...], ...]:
+    """The users by recent use, least first; users whose use is equal side by side in
+    one group (their requests then go by arrival)."""
+    groups: list[list[int]] = []
+    last = 0.0
+    for value, uid in sorted((value, uid) for uid, value in use.items()):
+        if groups and value == last:
+            groups[-1].append(uid)
+        else:
+            groups.append([uid])
+        last = value
+    return tuple(tuple(group) for group in groups)
+
+
+@dataclass(frozen=True)
+class OrderBasis:
+    """What a fair order was sorted on, besides arrival times (they never change).
+
+    The order is the requests old enough to go first, by arrival, then one block per
+    group of users in `ranking`, each block by arrival. While no request grows old and
+    the rules stay, the same requests (or any of them) are in fair order again once their
+    blocks follow the users' ranking now: the blocks are found by bisection and moved as
+    they are, so a pump looks at a few requests instead of sorting them all (~0.9 ms of
+    the daemon's CPU at 500 waiting, on the way from a release to the next grant)."""
+
+    sorted_at: float
+    aging_s: float
+    ages_at: float  # the soonest a request that was not old enough to go first becomes so
+    ranking: tuple[tuple[int, ...], ...]  # the users of those requests, as _ranking() groups them
+
+    def reorder(self, queue: list[Request], now: float, aging_s: float,
+                recent: Callable[[int], float]) -> tuple[list[Request], OrderBasis] | None:
+        """`queue` (in the order this basis describes, or any part of it) in fair order
+        now, and that order's basis; None when only sorting it again can tell."""
+        if aging_s != self.aging_s or not self.sorted_at <= now < self.ages_at:
+            return None  # the rules changed, the clock went back, or a request grew old
+        ranking = _ranking({uid: recent(uid) for group in self.ranking for uid in group})
+        if ranking == self.ranking:
+            return list(queue), self
+        place = {group: at for at, group in enumerate(self.ranking)}
+        if any(group not in place for group in ranking):
+            return None  # users whose use was equal differ now, or the other way round
+        # The old order's blocks, in its order: where each group's block ends.
+        aged = bisect_left(queue, 1, key=lambda r: 0 if aging_s > 0 and self.sorted_at - r.since >= aging_s else 1)
+        group_of = {uid: at for at, group in enumerate(self.ranking) for uid in group}
+        try:
+            ends = [bisect_right(queue, at, lo=aged, key=lambda r: group_of[r.holder.uid])
+                    for at in range(len(self.ranking))]
+        except KeyError:  # a user the sort never saw: not the queue it sorted after all
+            return None
+        starts = [aged, *ends[:-1]]
+        order = queue[:aged]
+        for group in ranking:
+            at = place[group]
+            order += queue[starts[at]:ends[at]]
+        return order, OrderBasis(now, aging_s, self.ages_at, ranking)
+
+
+def fair_order_and_basis(queue: list[Request], now: float, aging_s: float,
+                         recent: Callable[[int], float]) -> tuple[list[Request], OrderBasis]:
     used: dict[int, float] = {}
+    ages_at = math.inf
 
     def key(request: Request) -> tuple[int, float, float]:
+        nonlocal ages_at
         if aging_s > 0 and now - request.since >= aging_s:
             return (0, request.since, request.since)
+        if aging_s > 0:
+            ages_at = min(ages_at, request.since + aging_s - _AGING_MARGIN_S)
         uid = request.holder.uid
         if uid not in used:
             used[uid] = recent(uid)
         return (1, used[uid], request.since)
 
-    return sorted(queue, key=key)
+    order = sorted(queue, key=key)
+    return order, OrderBasis(now, aging_s, ages_at, _ranking(used))
+
+
+def fair_order(queue: list[Request], now: float, aging_s: float, recent: Callable[[int], float]) -> list[Request]:
+    return fair_order_and_basis(queue, now, aging_s, recent)[0]
 
 
 def _names(uuids: set[str], devices: Mapping[str, Device]) -> str:

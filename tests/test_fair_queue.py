@@ -4,13 +4,18 @@ devices, time limits and early ends, reservations."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from brokerd.contract import Requirement
 from brokerd.errors import Unsatisfiable
 from brokerd.lease_model import HOLDER_EXITED, IDLE, REVOKED, TIME_LIMIT, Ask, Lease, Request, UserLimits
 from brokerd.leases import LeaseManager
 from brokerd.process import Holder, ProcessId
+from brokerd.queue_rules import fair_order, fair_order_and_basis
 from tests.test_leases import ALICE, BOB, CAROL, gpu, manager
 
 HOUR = 3600.0
@@ -353,3 +358,112 @@ def test_the_fair_order_looks_at_the_running_leases_once_not_once_per_waiting_us
     # Each lease's holder is read twice: to group the leases by user, and by the usage
     # book as it adds up its own user's (the old way: 20 users x 20 leases, 400 reads).
     assert len(readers) <= 2 * len(m.leases)
+
+
+def test_a_pump_keeps_the_order_it_found_while_nothing_it_rests_on_has_changed(monkeypatch):
+    # The fair order rests on arrival times (fixed), on which requests are old enough to
+    # go first, and on how the waiting users' recent use compares. A pump after a release
+    # re-sorted the whole queue anyway: ~0.9 ms of the daemon's CPU per grant at 500
+    # waiting, the largest step left between a release and the next grant.
+    m, clock = manager(1)
+    lease = granted(m.submit(CAROL, Requirement(1), wait=False))
+    waiting = []
+    for n in range(50):
+        clock.now += 1
+        waiting.append(queued(m.submit(Holder(3000 + n, 3000 + n, 800 + n, 1, f"u{n}"), Requirement(1), wait=True)))
+    clock.now += 5
+    m.release(lease.id, CAROL.uid)  # carol's use changes; she waits for nothing
+    readers = _reads_of(monkeypatch, Request, "since")
+    grants = m.pump()
+    monkeypatch.undo()
+    assert [g.request.id for g in grants] == [waiting[0].id]
+    assert [r for r in readers if r is not waiting[0]] == []  # the head's, for its lease's wait
+    assert [r.id for r in m.queue] == [r.id for r in m.ordered(list(m.queue))] == [r.id for r in waiting[1:]]
+
+
+def test_the_order_follows_use_that_grows_while_nobody_joins_or_leaves():
+    # Alice holds a device while she waits for another, so her recent use grows by the
+    # hour; Bob's is an old job's, fading. Nobody joins, leaves or is granted in between:
+    # the next pump must still see that Bob now has the lesser use.
+    m, clock = manager(2)
+    old = granted(m.submit(BOB, Requirement(1), wait=False))
+    clock.now += HOUR
+    m.release(old.id, BOB.uid)  # one device-hour of use for bob
+    granted(m.submit(ALICE, Requirement(1), wait=False))
+    other = granted(m.submit(CAROL, Requirement(1), wait=False))
+    alice = queued(m.submit(ALICE, Requirement(1), wait=True))
+    clock.now += 1
+    bob = queued(m.submit(BOB, Requirement(1), wait=True))
+    assert [r.id for r in m.queue] == [alice.id, bob.id]  # alice's use so far: a second
+    assert m.pump() == []
+    clock.now += 3 * HOUR  # alice has used ~3 device-hours by now, bob still ~1
+    m.release(other.id, CAROL.uid)
+    grants = m.pump()
+    assert [g.request.id for g in grants] == [bob.id]
+    m.check_invariants()
+
+
+def test_a_request_that_grows_old_between_two_pumps_goes_first_at_the_second():
+    m, clock = manager(1)
+    m.aging_s = 600.0
+    heavy = granted(m.submit(ALICE, Requirement(1), wait=False))
+    clock.now += 10 * HOUR
+    m.release(heavy.id, ALICE.uid)
+    current = granted(m.submit(CAROL, Requirement(1), wait=False))
+    alice = queued(m.submit(ALICE, Requirement(1), wait=True))
+    clock.now += 300
+    bob = queued(m.submit(BOB, Requirement(1), wait=True))
+    assert [r.id for r in m.queue] == [bob.id, alice.id]  # bob has no use: he goes first
+    assert m.pump() == []
+    clock.now += 301  # alice has waited 601 s, bob 301: alice's request is old now
+    m.release(current.id, CAROL.uid)
+    grants = m.pump()
+    assert [g.request.id for g in grants] == [alice.id]
+    m.check_invariants()
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.data())
+def test_an_order_put_right_from_its_basis_is_the_order_a_full_sort_gives(data):
+    # OrderBasis.reorder against sorting again, on random queues: users whose use ties
+    # or not, before and after; requests old enough to go first or growing so; some of
+    # the requests gone in between (granted, cancelled); the clock moving either way.
+    aging = data.draw(st.sampled_from([0.0, 30.0, 60.0]))
+    # Whole seconds: arrivals land right on the aging boundaries too.
+    arrivals = data.draw(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 100).map(float)), min_size=1,
+                                  max_size=30))
+    queue = [SimpleNamespace(id=f"r{i}", since=since, holder=SimpleNamespace(uid=uid))
+             for i, (uid, since) in enumerate(arrivals)]
+    use = st.sampled_from([0.0, 1.0, 2.0, 2.5, 7.0])
+    before = {uid: data.draw(use) for uid in range(6)}
+    if data.draw(st.booleans()):  # the same users tie as before, in another ranking
+        values = sorted(set(before.values()))
+        moved = dict(zip(values, data.draw(st.permutations(values)), strict=True))
+        after = {uid: moved[value] for uid, value in before.items()}
+    else:
+        after = {uid: data.draw(use) for uid in range(6)}
+    sorted_at = float(data.draw(st.integers(100, 120)))
+    order, basis = fair_order_and_basis(queue, sorted_at, aging, lambda uid: before[uid])  # type: ignore[arg-type]
+    kept = [r for r in order if data.draw(st.booleans())]
+    now = sorted_at + data.draw(st.sampled_from([-2.0, -0.1, 0.0, 0.1, 1.0, 5.0, 40.0]))
+    recent = after.__getitem__
+    reordered = basis.reorder(kept, now, aging, recent)  # type: ignore[arg-type]
+    if reordered is not None:
+        assert [r.id for r in reordered[0]] == [r.id for r in fair_order(kept, now, aging, recent)]  # type: ignore[arg-type]
+        again = reordered[1].reorder(reordered[0], now, aging, recent)  # its own basis: the same order
+        assert again is not None and [r.id for r in again[0]] == [r.id for r in reordered[0]]
+
+
+@pytest.mark.parametrize(("sorted_at", "now"), [(60.0, 59.9), (59.0, 60.0005), (59.0, 61.0)],
+                         ids=["the clock went back", "a request grew old a hair later", "a request grew old"])
+def test_an_order_is_sorted_again_when_who_goes_first_by_age_changed(sorted_at, now):
+    # A (user 1, much use) arrived at 0, B (user 2, little use) at 10; aging 60 s: once A
+    # has waited 60 s it goes first whatever its use, and not before.
+    a = SimpleNamespace(id="A", since=0.0, holder=SimpleNamespace(uid=1))
+    b = SimpleNamespace(id="B", since=10.0, holder=SimpleNamespace(uid=2))
+    use = {1: 5.0, 2: 1.0}.__getitem__
+    order, basis = fair_order_and_basis([a, b], sorted_at, 60.0, use)  # type: ignore[list-item]
+    reordered = basis.reorder(order, now, 60.0, use)
+    expected = [r.id for r in fair_order([a, b], now, 60.0, use)]  # type: ignore[list-item]
+    assert [r.id for r in order] != expected  # the age boundary lies between the two
+    assert reordered is None or [r.id for r in reordered[0]] == expected
