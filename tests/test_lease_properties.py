@@ -233,6 +233,10 @@ class LeaseMachine(RuleBasedStateMachine):
         assert [r.id for r in fresh.ordered()] == queue
         self._ended(fresh.set_inventory(self._devices()))
         self.manager = fresh
+        # As the daemon's restore does: a pump, which also puts the queue, restored in
+        # arrival order, in fair order (without it, a second restart compared the fair
+        # order with the arrival order).
+        self.pump()
 
     # -- invariants --------------------------------------------------------------------
 
