@@ -5,6 +5,7 @@ what can start. Plain Python, no I/O, the manager's clock."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -40,25 +41,42 @@ class QueueSide:
 
     def _fair_order(self: LeaseManager, queue: list[Request] | None = None) -> tuple[list[Request], OrderBasis]:
         now = self._clock()
+        recent = self._recent_use(now)
+        if queue is None:
+            reordered = self._reordered(now, recent)
+            if reordered is not None:
+                return reordered
+            queue = self.queue
+        return fair_order_and_basis(queue, now, self.aging_s, recent)
+
+    def _fair_order_with(self: LeaseManager, request: Request) -> tuple[list[Request], OrderBasis]:
+        """The queue and the newcomer `request`, in fair order, and that order's basis."""
+        now = self._clock()
+        recent = self._recent_use(now)
+        reordered = self._reordered(now, recent)
+        if reordered is not None:
+            placed = reordered[1].with_newcomer(reordered[0], request, now, self.aging_s, recent)
+            if placed is not None:
+                return placed
+        return fair_order_and_basis([*self.queue, request], now, self.aging_s, recent)
+
+    def _recent_use(self: LeaseManager, now: float) -> Callable[[int], float]:
+        """Each user's recent use (brokerd/fairshare.py) as of `now`."""
         # Each running lease is looked at once, here, not once per waiting user (64
         # leases x 12 users at every pump and newcomer on a large host).
         running: dict[int, list[Lease]] = {}
         for lease in self.leases.values():
             running.setdefault(lease.holder.uid, []).append(lease)
+        return lambda uid: self.usage.recent(uid, now, running.get(uid, ()))
 
-        def recent(uid: int) -> float:
-            return self.usage.recent(uid, now, running.get(uid, ()))
-
-        if queue is None:
-            # The queue as the last sort left it, or fewer of it, is put in fair order from
-            # what that sort rested on (queue_rules.OrderBasis), when that still can be.
-            basis = self._order_basis
-            if basis is not None and self.queue is self._sorted_queue and len(self.queue) == self._sorted_length:
-                reordered = basis.reorder(self.queue, now, self.aging_s, recent)
-                if reordered is not None:
-                    return reordered
-            queue = self.queue
-        return fair_order_and_basis(queue, now, self.aging_s, recent)
+    def _reordered(self: LeaseManager, now: float,
+                   recent: Callable[[int], float]) -> tuple[list[Request], OrderBasis] | None:
+        """The queue as the last sort left it, or fewer of it, put in fair order from what
+        that sort rested on (queue_rules.OrderBasis), when that still can be."""
+        basis = self._order_basis
+        if basis is None or self.queue is not self._sorted_queue or len(self.queue) != self._sorted_length:
+            return None
+        return basis.reorder(self.queue, now, self.aging_s, recent)
 
     def _queue_in_order(self: LeaseManager, queue: list[Request], basis: OrderBasis) -> None:
         """Make `queue` the queue: it is in the fair order `basis` describes."""

@@ -188,7 +188,7 @@ class LeaseManager(QueueSide):
         request = Request(self._new_id("r-"), holder, requirement, evaluation, terms, self._clock(), ask, limits)
         # The requests ahead of it in the queue's order keep what they will start on; the
         # newcomer may take only what they leave it (or backfill).
-        order, basis = self._fair_order([*self.queue, request])
+        order, basis = self._fair_order_with(request)
         # Found by identity: list.index compares with the dataclass's __eq__, which builds
         # and compares a tuple of every field for each request ahead (0.11 ms per scan
         # of 500; 0.016 ms by identity).

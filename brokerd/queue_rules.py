@@ -86,6 +86,28 @@ class OrderBasis:
             order += queue[starts[at]:ends[at]]
         return order, OrderBasis(now, aging_s, self.ages_at, ranking)
 
+    def with_newcomer(self, order: list[Request], request: Request, now: float, aging_s: float,
+                      recent: Callable[[int], float]) -> tuple[list[Request], OrderBasis] | None:
+        """`order` (in fair order now, as this basis says) with the newcomer `request` in
+        its place, found by bisection, and that order's basis; None when only sorting can
+        tell. The place is the one a full sort of `order + [request]` gives."""
+        if aging_s != self.aging_s or not self.sorted_at <= now < self.ages_at or request.since < now:
+            return None
+        use = {uid: recent(uid) for group in self.ranking for uid in group}
+        use[request.holder.uid] = recent(request.holder.uid)
+
+        def key(r: Request) -> tuple[int, float, float]:
+            if aging_s > 0 and now - r.since >= aging_s:
+                return (0, r.since, r.since)
+            return (1, use[r.holder.uid], r.since)
+
+        try:
+            at = bisect_right(order, key(request), key=key)
+        except KeyError:  # a user the sort never saw: not the order it sorted after all
+            return None
+        ages_at = min(self.ages_at, request.since + aging_s - _AGING_MARGIN_S) if aging_s > 0 else self.ages_at
+        return [*order[:at], request, *order[at:]], OrderBasis(now, aging_s, ages_at, _ranking(use))
+
 
 def fair_order_and_basis(queue: list[Request], now: float, aging_s: float,
                          recent: Callable[[int], float]) -> tuple[list[Request], OrderBasis]:

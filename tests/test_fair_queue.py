@@ -442,7 +442,7 @@ def test_an_order_put_right_from_its_basis_is_the_order_a_full_sort_gives(data):
         after = {uid: moved[value] for uid, value in before.items()}
     else:
         after = {uid: data.draw(use) for uid in range(6)}
-    sorted_at = float(data.draw(st.integers(100, 120)))
+    sorted_at = float(data.draw(st.integers(100, 102)))  # arrivals at the same second as a newcomer too
     order, basis = fair_order_and_basis(queue, sorted_at, aging, lambda uid: before[uid])  # type: ignore[arg-type]
     kept = [r for r in order if data.draw(st.booleans())]
     now = sorted_at + data.draw(st.sampled_from([-2.0, -0.1, 0.0, 0.1, 1.0, 5.0, 40.0]))
@@ -452,6 +452,21 @@ def test_an_order_put_right_from_its_basis_is_the_order_a_full_sort_gives(data):
         assert [r.id for r in reordered[0]] == [r.id for r in fair_order(kept, now, aging, recent)]  # type: ignore[arg-type]
         again = reordered[1].reorder(reordered[0], now, aging, recent)  # its own basis: the same order
         assert again is not None and [r.id for r in again[0]] == [r.id for r in reordered[0]]
+        # A newcomer (one of those users, or a new one) put in its place by bisection.
+        newcomer = SimpleNamespace(id="new", since=now, holder=SimpleNamespace(uid=data.draw(st.integers(0, 6))))
+        after.setdefault(6, data.draw(use))
+        placed = reordered[1].with_newcomer(reordered[0], newcomer, now, aging, recent)  # type: ignore[arg-type]
+        assert placed is not None
+        expected = fair_order([*kept, newcomer], now, aging, recent)  # type: ignore[list-item]
+        assert [r.id for r in placed[0]] == [r.id for r in expected]
+        # Its basis describes it: later, with the users' use moved again, it is put right.
+        values = sorted(set(after.values()))
+        moved_use = dict(zip(values, data.draw(st.permutations(values)), strict=True))
+        later = {uid: moved_use[value] for uid, value in after.items()}.__getitem__
+        then = now + data.draw(st.sampled_from([0.0, 0.5, 3.0]))
+        moved = placed[1].reorder(placed[0], then, aging, later)
+        if moved is not None:
+            assert [r.id for r in moved[0]] == [r.id for r in fair_order(placed[0], then, aging, later)]
 
 
 @pytest.mark.parametrize(("sorted_at", "now"), [(60.0, 59.9), (59.0, 60.0005), (59.0, 61.0)],
@@ -467,3 +482,22 @@ def test_an_order_is_sorted_again_when_who_goes_first_by_age_changed(sorted_at, 
     expected = [r.id for r in fair_order([a, b], now, 60.0, use)]  # type: ignore[list-item]
     assert [r.id for r in order] != expected  # the age boundary lies between the two
     assert reordered is None or [r.id for r in reordered[0]] == expected
+
+
+def test_a_newcomer_finds_its_place_without_a_sort_of_the_queue(monkeypatch):
+    # Each newcomer sorted the whole queue with itself in it (~1 ms of the daemon's CPU at
+    # 500 waiting, on the loop that grants); the queue is in fair order already, so its
+    # place is found by bisection: a few requests looked at, not all of them.
+    m, clock = manager(1)
+    granted(m.submit(CAROL, Requirement(1), wait=False))
+    for n in range(64):
+        clock.now += 1
+        queued(m.submit(Holder(3000 + n % 8, 3000 + n % 8, 800 + n, 1, f"u{n % 8}"), Requirement(1), wait=True))
+    before = [r.id for r in m.queue]
+    clock.now += 1
+    readers = _reads_of(monkeypatch, Request, "since")
+    newcomer = queued(m.submit(ALICE, Requirement(1), wait=True))
+    monkeypatch.undo()
+    assert len(readers) <= 16  # bisection over 64: ~7 looks; a sort: 65 and more
+    assert [r.id for r in m.queue if r is not newcomer] == before
+    assert [r.id for r in m.queue] == [r.id for r in m.ordered(list(m.queue))]
