@@ -91,7 +91,7 @@ class OrderBasis:
         """`order` (in fair order now, as this basis says) with the newcomer `request` in
         its place, found by bisection, and that order's basis; None when only sorting can
         tell. The place is the one a full sort of `order + [request]` gives."""
-        if aging_s != self.aging_s or not self.sorted_at <= now < self.ages_at or request.since < now:
+        if aging_s != self.aging_s or not self.sorted_at <= now < self.ages_at:
             return None
         use = {uid: recent(uid) for group in self.ranking for uid in group}
         use[request.holder.uid] = recent(request.holder.uid)

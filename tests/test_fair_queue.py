@@ -453,7 +453,8 @@ def test_an_order_put_right_from_its_basis_is_the_order_a_full_sort_gives(data):
         again = reordered[1].reorder(reordered[0], now, aging, recent)  # its own basis: the same order
         assert again is not None and [r.id for r in again[0]] == [r.id for r in reordered[0]]
         # A newcomer (one of those users, or a new one) put in its place by bisection.
-        newcomer = SimpleNamespace(id="new", since=now, holder=SimpleNamespace(uid=data.draw(st.integers(0, 6))))
+        arrived = now - data.draw(st.sampled_from([0.0, 1e-6, 0.5]))  # asked a moment before its place is sought
+        newcomer = SimpleNamespace(id="new", since=arrived, holder=SimpleNamespace(uid=data.draw(st.integers(0, 6))))
         after.setdefault(6, data.draw(use))
         placed = reordered[1].with_newcomer(reordered[0], newcomer, now, aging, recent)  # type: ignore[arg-type]
         assert placed is not None
@@ -489,6 +490,12 @@ def test_a_newcomer_finds_its_place_without_a_sort_of_the_queue(monkeypatch):
     # 500 waiting, on the loop that grants); the queue is in fair order already, so its
     # place is found by bisection: a few requests looked at, not all of them.
     m, clock = manager(1)
+
+    def ticking() -> float:  # every look at the clock finds it moved on, as time.time() does
+        clock.now += 1e-6
+        return clock.now
+
+    m._clock = ticking
     granted(m.submit(CAROL, Requirement(1), wait=False))
     for n in range(64):
         clock.now += 1
