@@ -280,17 +280,23 @@ def _reads_of(monkeypatch, cls: type, field: str) -> list[object]:
     return readers
 
 
+def _fifty_waiting_behind_carol(m: LeaseManager, clock) -> tuple[Lease, list[Request]]:
+    """Carol holds the one device; fifty users queue for it, a second apart."""
+    lease = granted(m.submit(CAROL, Requirement(1), wait=False))
+    waiting = []
+    for n in range(50):
+        clock.now += 1
+        waiting.append(queued(m.submit(Holder(3000 + n, 3000 + n, 800 + n, 1, f"u{n}"), Requirement(1), wait=True)))
+    return lease, waiting
+
+
 def test_a_release_grants_the_head_without_a_pass_over_the_requests_behind_it(monkeypatch):
     # Once the freed devices are taken, the requests behind keep their place and their
     # reasons; the pump used to read each one's reason anyway (and note its user) on the
     # event loop, between a release and the head waiter's grant: at 500 waiting that pass
     # took ~0.7 ms of the daemon's CPU per grant (measured in the scale benchmark).
     m, clock = manager(1)
-    lease = granted(m.submit(CAROL, Requirement(1), wait=False))
-    waiting = []
-    for n in range(50):
-        clock.now += 1
-        waiting.append(queued(m.submit(Holder(3000 + n, 3000 + n, 800 + n, 1, f"u{n}"), Requirement(1), wait=True)))
+    lease, waiting = _fifty_waiting_behind_carol(m, clock)
     reasons = {r.id: r.reason for r in waiting}
     m.release(lease.id, CAROL.uid)
     readers = _reads_of(monkeypatch, Request, "reason")
@@ -366,11 +372,7 @@ def test_a_pump_keeps_the_order_it_found_while_nothing_it_rests_on_has_changed(m
     # re-sorted the whole queue anyway: ~0.9 ms of the daemon's CPU per grant at 500
     # waiting, the largest step left between a release and the next grant.
     m, clock = manager(1)
-    lease = granted(m.submit(CAROL, Requirement(1), wait=False))
-    waiting = []
-    for n in range(50):
-        clock.now += 1
-        waiting.append(queued(m.submit(Holder(3000 + n, 3000 + n, 800 + n, 1, f"u{n}"), Requirement(1), wait=True)))
+    lease, waiting = _fifty_waiting_behind_carol(m, clock)
     clock.now += 5
     m.release(lease.id, CAROL.uid)  # carol's use changes; she waits for nothing
     readers = _reads_of(monkeypatch, Request, "since")
