@@ -153,11 +153,12 @@ class Acquiring:
             limits = self.config.policy.for_user(holder.user, holder.gid)
             ask = Ask(self._time_limit(limits, time_limit_s),
                       tuple(find_device(self.manager, name).uuid for name in devices), reservation)
-            waiting = sum(1 for r in self.manager.queue if r.holder.uid == holder.uid)
-            cap = min(limits.max_waiting or MAX_QUEUED_PER_USER, MAX_QUEUED_PER_USER)
-            if wait and waiting >= cap:
-                raise Busy(f"limit max_waiting={cap} for {limits.name}: {holder.user} already has {waiting} "
-                           "requests waiting; let some finish or cancel them")
+            if wait:  # (an ask that may not wait never joins the queue: no need to count it)
+                waiting = sum(1 for r in self.manager.queue if r.holder.uid == holder.uid)
+                cap = min(limits.max_waiting or MAX_QUEUED_PER_USER, MAX_QUEUED_PER_USER)
+                if waiting >= cap:
+                    raise Busy(f"limit max_waiting={cap} for {limits.name}: {holder.user} already has {waiting} "
+                               "requests waiting; let some finish or cancel them")
             return self.manager.submit(holder, requirement, wait=wait, terms=terms, cache_key=cache_key,
                                        ask=ask, limits=limits.user_limits())
         except LeaseError as exc:

@@ -278,3 +278,46 @@ def test_the_waiter_hears_of_its_grant_before_the_releaser_hears_its_release_is_
     heard_first, on_disk = asyncio.run(scenario())
     assert heard_first, "the releaser heard before the waiter"
     assert on_disk, "a grant is durable before its waiter hears of it"
+
+
+def test_an_ask_that_will_not_wait_does_not_count_the_waiting_requests(tmp_path: Path, monkeypatch):
+    # TryAcquire (`vaccel run`'s first ask) never joins the queue, so the per-user cap on
+    # waiting requests is not its business; counting the asker's requests read every
+    # waiting request on a busy host (~0.3 ms of the daemon at 500 waiting), for nothing.
+    from brokerd.errors import Busy
+    from brokerd.lease_model import Request
+
+    async def scenario() -> None:
+        store, service = open_service(tmp_path, gpus(1))
+        waiters = []
+        try:
+            await service.acquire_now(me(), Requirement(1), command="hold")
+            for n in range(40):
+                waiter = service.acquire(me(), Requirement(1), wait=True, max_wait_s=None, command=f"w{n}", key=f"k{n}")
+                assert isinstance(await anext(waiter), QueuedUpdate)
+                waiters.append(waiter)
+            queued = set(map(id, service.manager.queue))
+            read: list[object] = []
+            plain = Request.__getattribute__
+
+            def counted(self, name):
+                if name == "holder" and id(self) in queued:
+                    read.append(self)
+                return plain(self, name)
+
+            monkeypatch.setattr(Request, "__getattribute__", counted)
+            try:
+                await service.acquire_now(me(), Requirement(1), command="try", may_wait=True)
+            except Busy:
+                pass
+            monkeypatch.undo()
+            # One pass is left: the users ahead of it, for the reason it is told. The count
+            # was a second (85 reads here before, 45 now).
+            assert len(read) <= len(queued) + 8
+        finally:
+            for waiter in waiters:
+                await waiter.aclose()
+            await service.close()
+            store.close()
+
+    asyncio.run(scenario())
