@@ -69,11 +69,9 @@ class Governance:
         manager, now = self.manager, time.time()
         # One pass over the leases and one over the queue, not one of each per user: with
         # 500 waiting that was 40% of a Status build (built at every change of the queue).
-        own: dict[int, list[Lease]] = {}
-        people: dict[int, Holder] = {}  # as their latest lease names them, else their latest request
-        for lease in manager.leases.values():
-            own.setdefault(lease.holder.uid, []).append(lease)
-            people[lease.holder.uid] = lease.holder
+        own = manager.leases_by_user()
+        # as their latest lease names them, else their latest request
+        people: dict[int, Holder] = {uid: leases[-1].holder for uid, leases in own.items()}
         waiting: dict[int, int] = {}
         queued: dict[int, Holder] = {}
         for request in manager.queue:

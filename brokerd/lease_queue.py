@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from brokerd.contract import Evaluation
 from brokerd.errors import Unsatisfiable
-from brokerd.lease_model import Grant, Lease, Request
+from brokerd.lease_model import Grant, Request
 from brokerd.queue_rules import BACKFILL, OrderBasis, fair_order_and_basis, limit_reason, wait_reason
 from brokerd.reservations import NEVER, Reservations
 
@@ -61,22 +61,33 @@ class QueueSide:
         return fair_order_and_basis([*self.queue, request], now, self.aging_s, recent)
 
     def _recent_use(self: LeaseManager, now: float) -> Callable[[int], float]:
-        """Each user's recent use (brokerd/fairshare.py) as of `now`."""
+        """Each user's recent use (brokerd/fairshare.py) as of `now`, each worked out once
+        however often it is asked (the reorder and the newcomer's place both ask)."""
         # Each running lease is looked at once, here, not once per waiting user (64
         # leases x 12 users at every pump and newcomer on a large host).
-        running: dict[int, list[Lease]] = {}
-        for lease in self.leases.values():
-            running.setdefault(lease.holder.uid, []).append(lease)
-        return lambda uid: self.usage.recent(uid, now, running.get(uid, ()))
+        running = self.leases_by_user()
+        known: dict[int, float] = {}
+
+        def recent(uid: int) -> float:
+            if uid not in known:
+                known[uid] = self.usage.recent(uid, now, running.get(uid, ()))
+            return known[uid]
+
+        return recent
+
+    def _in_order(self: LeaseManager) -> OrderBasis | None:
+        """The basis of the queue's order while the queue is the list the last sort (or
+        pump) left, less what cancel() took: None once anything else changed it."""
+        if self.queue is self._sorted_queue and len(self.queue) == self._sorted_length:
+            return self._order_basis
+        return None
 
     def _reordered(self: LeaseManager, now: float,
                    recent: Callable[[int], float]) -> tuple[list[Request], OrderBasis] | None:
         """The queue as the last sort left it, or fewer of it, put in fair order from what
         that sort rested on (queue_rules.OrderBasis), when that still can be."""
-        basis = self._order_basis
-        if basis is None or self.queue is not self._sorted_queue or len(self.queue) != self._sorted_length:
-            return None
-        return basis.reorder(self.queue, now, self.aging_s, recent)
+        basis = self._in_order()
+        return basis.reorder(self.queue, now, self.aging_s, recent) if basis is not None else None
 
     def _queue_in_order(self: LeaseManager, queue: list[Request], basis: OrderBasis) -> None:
         """Make `queue` the queue: it is in the fair order `basis` describes."""
@@ -111,7 +122,7 @@ class QueueSide:
     def cancel(self: LeaseManager, request_id: str) -> bool:
         for i, request in enumerate(self.queue):
             if request.id == request_id:
-                if self.queue is self._sorted_queue and len(self.queue) == self._sorted_length:
+                if self._in_order() is not None:
                     self._sorted_length -= 1  # one fewer is still in order
                 del self.queue[i]
                 return True
@@ -133,9 +144,10 @@ class QueueSide:
         told_backfill_before, self.backfill_told = self.backfill_told, False
         for at, request in enumerate(order):
             if not free:  # nothing left to grant: the rest keep their place and their reasons...
+                rest = order[at:]
                 if told_backfill_before:  # ...but "backfill window": no free device is kept any more
-                    self._tell_backfill_waiters(order[at:], reserved, users_ahead)
-                waiting.extend(order[at:])
+                    self._tell_backfill_waiters(rest, reserved, users_ahead)
+                waiting += rest
                 break
             held_back = self._limit(request, reserved)
             if held_back:

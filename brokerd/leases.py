@@ -122,6 +122,13 @@ class LeaseManager(QueueSide):
                 lost.append(self._end(lease, LOST, why))
         return lost
 
+    def leases_by_user(self) -> dict[int, list[Lease]]:
+        """The active leases, grouped by their holder's uid (in the order they were granted)."""
+        by_user: dict[int, list[Lease]] = {}
+        for lease in self.leases.values():
+            by_user.setdefault(lease.holder.uid, []).append(lease)
+        return by_user
+
     def device_state(self, uuid: str) -> str:
         device = self.devices.get(uuid)
         if device is None:
@@ -370,10 +377,10 @@ class LeaseManager(QueueSide):
             lease.members.discard(process)
         dropped = [r for r in self.queue if r.holder.process == process]
         if dropped:
-            in_order = self.queue is self._sorted_queue and len(self.queue) == self._sorted_length
+            basis = self._in_order()
             kept = [r for r in self.queue if r not in dropped]
-            if in_order and self._order_basis is not None:
-                self._queue_in_order(kept, self._order_basis)  # fewer of an ordered queue: in order still
+            if basis is not None:
+                self._queue_in_order(kept, basis)  # fewer of an ordered queue: in order still
             else:
                 self.queue = kept
         return ended, dropped

@@ -59,13 +59,22 @@ class OrderBasis:
     ages_at: float  # the soonest a request that was not old enough to go first becomes so
     ranking: tuple[tuple[int, ...], ...]  # the users of those requests, as _ranking() groups them
 
+    def _ages_alike(self, now: float, aging_s: float) -> bool:
+        """Whether the requests old enough to go first are the same now: not when the rules
+        changed, the clock went back, or a request grew old."""
+        return aging_s == self.aging_s and self.sorted_at <= now < self.ages_at
+
+    def _use(self, recent: Callable[[int], float]) -> dict[int, float]:
+        """The recent use now of the users this basis ranks."""
+        return {uid: recent(uid) for group in self.ranking for uid in group}
+
     def reorder(self, queue: list[Request], now: float, aging_s: float,
                 recent: Callable[[int], float]) -> tuple[list[Request], OrderBasis] | None:
         """`queue` (in the order this basis describes, or any part of it) in fair order
         now, and that order's basis; None when only sorting it again can tell."""
-        if aging_s != self.aging_s or not self.sorted_at <= now < self.ages_at:
-            return None  # the rules changed, the clock went back, or a request grew old
-        ranking = _ranking({uid: recent(uid) for group in self.ranking for uid in group})
+        if not self._ages_alike(now, aging_s):
+            return None
+        ranking = _ranking(self._use(recent))
         if ranking == self.ranking:
             return list(queue), self
         place = {group: at for at, group in enumerate(self.ranking)}
@@ -91,9 +100,9 @@ class OrderBasis:
         """`order` (in fair order now, as this basis says) with the newcomer `request` in
         its place, found by bisection, and that order's basis; None when only sorting can
         tell. The place is the one a full sort of `order + [request]` gives."""
-        if aging_s != self.aging_s or not self.sorted_at <= now < self.ages_at:
+        if not self._ages_alike(now, aging_s):
             return None
-        use = {uid: recent(uid) for group in self.ranking for uid in group}
+        use = self._use(recent)
         use[request.holder.uid] = recent(request.holder.uid)
 
         def key(r: Request) -> tuple[int, float, float]:
