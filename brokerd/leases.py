@@ -18,6 +18,7 @@ The waiting side (fair order, what waiters keep, backfill, the pump) is brokerd/
 
 from __future__ import annotations
 
+import math
 import secrets
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -360,9 +361,13 @@ class LeaseManager(QueueSide):
 
     def next_deadline(self) -> float | None:
         """The earliest time `expire` could end something, for the daemon's timer."""
-        times = [lease.last_heartbeat + self.ttl_s for lease in self.leases.values() if not lease.reservation]
-        times += [lease.expires_at for lease in self.leases.values() if lease.expires_at]
-        return min(times) if times else None
+        soonest = min(map(self.deadline, self.leases.values()), default=math.inf)
+        return None if soonest == math.inf else soonest
+
+    def deadline(self, lease: Lease) -> float:
+        """When `expire` would end this lease if nothing changed (inf: never)."""
+        silent_at = math.inf if lease.reservation else lease.last_heartbeat + self.ttl_s
+        return min(silent_at, lease.expires_at) if lease.expires_at else silent_at
 
     def process_exited(self, process: ProcessId) -> tuple[list[Lease], list[Request]]:
         """The kernel says this process is gone: end its leases, drop its queued requests,

@@ -259,7 +259,7 @@ class DurableQueue:
         user = lease.holder.user
         log_event("grant", f"granted {', '.join(lease.devices)} to {user} (pid {lease.holder.pid})",
                   lease_id=lease.id, user=user, device_uuids=lease.devices, pid=lease.holder.pid)
-        self._expiry_wakeup.set()
+        self._expire_by(self.manager.deadline(lease))
         self.on_change()
 
     async def _hand_back_when_saved(self: BrokerService, saved: asyncio.Future[None], lease: Lease) -> None:

@@ -78,6 +78,7 @@ class BrokerService(Acquiring, DurableQueue, Governance, Timers):
         self._watcher: ProcessWatcher | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._expiry_wakeup = asyncio.Event()
+        self._expiry_due = 0.0  # when the expiry loop wakes by itself (0: it is awake)
         self._looked_at = 0.0
         self.on_change: Callable[[], None] = lambda: None
         self.idle_watch = IdleWatch()
@@ -128,6 +129,7 @@ class BrokerService(Acquiring, DurableQueue, Governance, Timers):
         self.config = config
         self.manager.ttl_s = config.heartbeat_ttl_s
         self.manager.max_duration_s = config.max_lease_duration_s
+        self._expiry_wakeup.set()  # a shorter TTL or maximum duration ends leases sooner
         self._adopt_policy(config)
         # Limits changed: requests they held back may start, queue lines change.
         for request in self.manager.queue:

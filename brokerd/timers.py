@@ -37,8 +37,17 @@ class Timers:
                     self._looked_at = time.time()
                     self._spawn(self._pump())
             self._expiry_wakeup.clear()
+            self._expiry_due = time.time() + delay
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._expiry_wakeup.wait(), delay)
+            self._expiry_due = 0.0  # awake: what changes now is read before the next sleep
+
+    def _expire_by(self: BrokerService, at: float) -> None:
+        """Something may end at `at` (unix time): wake the expiry loop if it sleeps past
+        that. Most news ends later (a grant's first deadline is a TTL away), and waking
+        the loop for it read every lease twice for nothing."""
+        if at < self._expiry_due:
+            self._expiry_wakeup.set()
 
     def apply_snapshot(self: BrokerService, snapshot: Snapshot) -> None:
         """Adopt a fresh probe: grant what it freed, tell the systemd status line."""

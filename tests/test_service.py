@@ -321,3 +321,36 @@ def test_an_ask_that_will_not_wait_does_not_count_the_waiting_requests(tmp_path:
             store.close()
 
     asyncio.run(scenario())
+
+
+def test_a_grant_that_ends_after_the_timers_deadline_does_not_wake_the_expiry_loop(tmp_path: Path, monkeypatch):
+    # Every grant used to wake the expiry loop, which then read every lease twice (what
+    # has expired, what expires next) and armed a new wait_for: ~0.1 ms of the daemon per
+    # grant. A new lease's first deadline is a TTL away, never before the one armed.
+    async def scenario() -> None:
+        store, service = open_service(tmp_path, gpus(5))
+        service.start_timers()
+        try:
+            await service.acquire_now(me(), Requirement(1), command="first")
+            await asyncio.sleep(0.05)  # the loop has woken for it and sleeps until its TTL
+            looks: list[float] = []
+            plain = service.manager.expire
+
+            def counted() -> list[Lease]:
+                looks.append(time.time())
+                return plain()
+
+            monkeypatch.setattr(service.manager, "expire", counted)
+            for n in range(3):
+                await service.acquire_now(me(), Requirement(1), command=f"later {n}")
+                await asyncio.sleep(0.01)
+            assert looks == [], "a grant that expires later than the armed deadline woke the expiry loop"
+            # One that ends sooner (a time limit under the TTL) does wake it, and ends on time.
+            short = await service.acquire_now(me(), Requirement(1), command="short", time_limit_s=0.2)
+            await eventually(lambda: short.id not in service.manager.leases, "the short lease ended", timeout=3)
+            assert looks, "the expiry loop slept past a lease's time limit"
+        finally:
+            await service.close()
+            store.close()
+
+    asyncio.run(scenario())
