@@ -154,7 +154,7 @@ class QueueSide:
                 request.reason = held_back
                 waiting.append(request)
                 continue
-            lease = self._try_grant(request, reserved)
+            lease = self._try_grant(request, reserved, free)
             if lease is None:
                 waiting.append(request)
                 others = len(users_ahead - {request.holder.uid})

@@ -510,3 +510,28 @@ def test_a_newcomer_finds_its_place_without_a_sort_of_the_queue(monkeypatch):
     assert len(readers) <= 16  # bisection over 64: ~7 looks; a sort: 65 and more
     assert [r.id for r in m.queue if r is not newcomer] == before
     assert [r.id for r in m.queue] == [r.id for r in m.ordered(list(m.queue))]
+
+
+def test_the_free_devices_are_listed_once_per_ask_and_once_per_pump(monkeypatch):
+    # Listing the free devices reads every device of the host (64 on a large one). A
+    # grant at once listed them twice (is there enough? then, which?), and the pump once
+    # more for every request it tried, though it keeps its own list as it grants.
+    m, _clock = manager(64)
+    listed: list[int] = []
+    plain = m._free
+
+    def counted() -> list:
+        listed.append(1)
+        return plain()
+
+    monkeypatch.setattr(m, "_free", counted)
+    granted(m.submit(ALICE, Requirement(1), wait=False))
+    assert len(listed) == 1, f"one grant at once listed the free devices {len(listed)} times"
+    hog = granted(m.submit(BOB, Requirement(62), wait=False))
+    pairs = [queued(m.submit(CAROL, Requirement(2), wait=True)) for _ in range(5)]
+    m.release(hog.id, BOB.uid)
+    listed.clear()
+    grants = m.pump()
+    assert [g.request.id for g in grants] == [r.id for r in pairs]
+    assert len(listed) == 1, f"one pump listed the free devices {len(listed)} times"
+    m.check_invariants()
