@@ -57,11 +57,14 @@ def select_devices(
     by_backend: dict[str, list[Device]] = defaultdict(list)
     for d in candidates:
         by_backend[d.backend].append(d)
-    options = [
-        option
-        for group in by_backend.values()
-        for option in _options(sorted(group, key=score), need)
-    ]
+    if need == 1:  # no set to weigh: each backend's best device (sorting 64 scores was most of a grant's choice)
+        options = [(_ANYWHERE, (min(group, key=score),)) for group in by_backend.values()]
+    else:
+        options = [
+            option
+            for group in by_backend.values()
+            for option in _options(sorted(group, key=score), need)
+        ]
     if not options:
         return None
     best = min(options, key=lambda o: _set_key(o, score))

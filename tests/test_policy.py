@@ -115,3 +115,16 @@ def test_selection_is_exact_distinct_and_drawn_from_free(
     assert chosen is not None and len(chosen) == need
     assert len({d.uuid for d in chosen}) == need
     assert all(d in free for d in chosen)
+
+
+@given(
+    picks=st.lists(st.sampled_from([A100, T4, MI250X, MAX1550]), min_size=1, max_size=8),
+    used=st.lists(st.floats(0, 1000), min_size=8, max_size=8),
+)
+def test_one_device_is_the_best_fit_least_recently_used_of_any_backend(picks: list, used: list[float]) -> None:
+    # The rule stated on its own: the smallest device that fits, then the least recently
+    # used, then the lowest index, whichever vendor (no priorities configured).
+    free = [gpu(device, i) for i, device in enumerate(picks)]
+    last_used = {d.uuid: used[i] for i, d in enumerate(free)}
+    best = min(free, key=lambda d: (d.memory_mib, last_used[d.uuid], d.index))
+    assert uuids(select(requirement(facts=NO_FACTS), free, last_used)) == [best.uuid]
