@@ -82,8 +82,11 @@ def test_handover_benchmark_prints_each_row() -> None:
     assert set(Path("/tmp").glob("vaccel-bench-*")) <= before, "the run left its temp dir behind"
     out = done.stdout
     assert "bare gRPC echo p50 in the same run" in out and "ms of silence (idle)" in out and "x idle echo" in out
-    for row in ("in-process, release, 1 waiting", "in-process, exit, 1 waiting", "whole process, 1 waiting"):
+    for row in ("in-process, release, 1 waiting", "in-process, exit, 1 waiting", "of it the kernel's, 1 waiting",
+                "whole process, 1 waiting"):
         assert row in out
+    kernel_line = next(line for line in out.splitlines() if "of it the kernel's" in line)
+    assert float(kernel_line.split()[-5]) > 0, "the kernel's part of an exit was not measured"
 
 
 def test_handover_rejects_bad_waiters() -> None:
