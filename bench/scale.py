@@ -25,7 +25,8 @@ that lease and queues a new waiter, so the queue keeps its length. Another proce
 
 How long the queue took to reach W is shown too (join s); a length it cannot reach
 within --join-budget is a row that says so. Goals (issue 16): CPU <= 10% of one core,
-`vaccel status` <= 150 ms, grant <= 5 ms, RSS <= 60 MB. The table ends with how each
+`vaccel status` <= 150 ms, grant <= 5 ms, RSS <= 60 MB; the RSS is printed against a bare
+grpc.aio server holding the same number of streams in the same run (x bare). The table ends with how each
 figure grows from the fewest to the most waiters and devices. Printed, never asserted.
 """
 
@@ -44,6 +45,7 @@ from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.bare_streams import rss_by_streams
 from bench.leases import Bench, BenchError, Sizes, end_processes, print_outcome
 from bench.startup import vaccel_command
 from bench.stats import median, percentile
@@ -413,6 +415,8 @@ def run(device_counts: list[int], waiter_counts: list[int], window_s: float, sta
     rows: list[dict[str, Any]] = []
     try:
         echo = bench.run_clients("echo", bench.start_echo(), 1, 1, 200)
+        per_process = WAITERS_PER_CLIENT if os.geteuid() == 0 else max(waiter_counts)  # as the waiters are spread
+        bare_rss = rss_by_streams(bench, waiter_counts, per_process, _rss_mb)
         for devices in sorted(device_counts):
             rows += measure_devices(bench, devices, waiter_counts, window_s, status_runs, grants, join_budget_s)
     finally:
@@ -420,11 +424,14 @@ def run(device_counts: list[int], waiter_counts: list[int], window_s: float, sta
     echo_p50_ms = median(echo.latencies_s) * 1000.0
     for row in (r for r in rows if "error" not in r):
         row["grant_x_echo_p50"] = row["grant_p50_ms"] / echo_p50_ms if echo_p50_ms else 0.0
+        row["bare_rss_mb"] = bare_rss.get(row["waiters"], 0.0)
+        row["rss_x_bare"] = row["rss_mb"] / row["bare_rss_mb"] if row["bare_rss_mb"] else 0.0
         row["pass"] = {"cpu": row["cpu_pct"] <= CPU_GOAL_PCT, "rss": row["rss_mb"] <= RSS_GOAL_MB,
                        "status": row["status_p50_ms"] <= STATUS_GOAL_MS, "grant": row["grant_p50_ms"] <= GRANT_GOAL_MS,
                        "grant settled": row["grant_settled_p50_ms"] <= GRANT_GOAL_MS}
     return {"cpus": os.cpu_count(), "pollers": POLLERS, "window_s": window_s, "status_runs": status_runs,
-            "grants_per_step": grants, "echo_p50_ms": echo_p50_ms, "rows": rows, "growth": _growth(rows)}
+            "grants_per_step": grants, "echo_p50_ms": echo_p50_ms, "bare_rss_mb": bare_rss, "rows": rows,
+            "growth": _growth(rows)}
 
 
 _FIGURES = ("cpu_pct", "rss_mb", "status_p50_ms", "grant_p50_ms")
@@ -452,9 +459,10 @@ def render(result: dict[str, Any]) -> str:
     lines = [
         f"scale: every device leased and heartbeating, W waiters queued, {result['pollers']} clients polling "
         f"Status once a second; {result['cpus']} CPU(s); CPU over {result['window_s']:.0f} s windows",
-        f"bare gRPC echo p50 in the same run: {result['echo_p50_ms']:.3f} ms",
+        f"bare gRPC echo p50 in the same run: {result['echo_p50_ms']:.3f} ms; a bare grpc.aio server holding W "
+        "streams (bench/bare_streams.py): " + ", ".join(f"{mb:.1f} MB at W={w}" for w, mb in result["bare_rss_mb"].items()),
         "",
-        f"{'devices':>7}{'waiters':>8}{'join s':>8}{'CPU %':>8}{'RSS MB':>8}{'status p50':>12}{'p90':>8}"
+        f"{'devices':>7}{'waiters':>8}{'join s':>8}{'CPU %':>8}{'RSS MB':>8}{'x bare':>8}{'status p50':>12}{'p90':>8}"
         f"{'grant p50':>11}{'p90':>8}{'x echo':>8}{'settled p50':>13}{'p90':>8}",
     ]
     for r in result["rows"]:
@@ -462,6 +470,7 @@ def render(result: dict[str, Any]) -> str:
             lines.append(f"{r['devices']:>7}{r['waiters']:>8}{r['join_s']:>8.1f}  could not queue them: {r['error']}")
             continue
         lines.append(f"{r['devices']:>7}{r['waiters']:>8}{r['join_s']:>8.1f}{r['cpu_pct']:>8.1f}{r['rss_mb']:>8.1f}"
+                     f"{r['rss_x_bare']:>7.2f}x"
                      f"{r['status_p50_ms']:>10.1f}ms{r['status_p90_ms']:>6.1f}ms"
                      f"{r['grant_p50_ms']:>9.2f}ms{r['grant_p90_ms']:>6.2f}ms{r['grant_x_echo_p50']:>7.1f}x"
                      f"{r['grant_settled_p50_ms']:>11.2f}ms{r['grant_settled_p90_ms']:>6.2f}ms")

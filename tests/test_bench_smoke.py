@@ -106,3 +106,6 @@ def test_scale_benchmark_runs_a_tiny_host() -> None:
     assert row["cpu_pct"] >= 0 and row["rss_mb"] > 0 and row["status_p50_ms"] > 0 and row["grant_p50_ms"] > 0
     assert row["grant_settled_p50_ms"] > 0 and row["grant_settled_p90_ms"] >= row["grant_settled_p50_ms"]
     assert set(row["pass"]) == {"cpu", "rss", "status", "grant", "grant settled"}
+    # The memory reference: a bare grpc.aio server holding as many streams, in the same run.
+    assert result["bare_rss_mb"]["3"] > 0 and row["bare_rss_mb"] == result["bare_rss_mb"]["3"]
+    assert row["rss_x_bare"] == row["rss_mb"] / row["bare_rss_mb"]
