@@ -212,4 +212,5 @@ def log_event(
         parts.append(f"{key}={value}")
         journal_fields.append((key.upper(), value))
     text = " ".join(parts) + (f": {message}" if message else "")
-    log.log(level, "%s", text, extra={_FIELDS_ATTR: journal_fields})
+    # stacklevel=2: the journal's CODE_FILE/LINE/FUNC name our caller, not this function.
+    log.log(level, "%s", text, extra={_FIELDS_ATTR: journal_fields}, stacklevel=2)

@@ -94,6 +94,16 @@ def test_journal_fields(sent: list[tuple[str, ...]]) -> None:
         assert field in lines, field
 
 
+def test_an_event_names_the_code_that_logged_it(sent: list[tuple[str, ...]]) -> None:
+    # CODE_FILE/CODE_LINE/CODE_FUNC point an admin at the code behind a journal entry:
+    # the caller of log_event, not log_event itself (which every event would name).
+    setup_logging("info", journal=True)
+    log_event("grant", "first free device", lease_id="L-1")
+    (lines,) = sent
+    assert f"CODE_FILE={__file__}" in lines, lines
+    assert "CODE_FUNC=test_an_event_names_the_code_that_logged_it" in lines, lines
+
+
 def test_plain_records_reach_the_journal_without_event_fields(
         sent: list[tuple[str, ...]]) -> None:
     setup_logging("info", journal=True)
