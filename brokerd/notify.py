@@ -11,6 +11,8 @@ protocol is a single datagram on an AF_UNIX socket, which is a few lines of our 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -104,6 +106,48 @@ class Notifier:
             if not self._warned:
                 self._warned = True
                 log.warning("cannot notify systemd (%s): %s", message.split("=", 1)[0], exc)
+
+
+STATUS_EVERY_S = 0.5  # the most often `systemctl status`'s line changes
+
+
+class StatusLine:
+    """The STATUS= line kept true without a datagram per change: every grant and release
+    is a change, and under load one datagram each woke PID 1 ~2,000 times a second (and a
+    notify socket whose reader lagged, ten datagrams deep, blocked our event loop). A
+    change after a quiet spell is sent at once; changes closer together than
+    STATUS_EVERY_S make one line at the end of that time, with the state then."""
+
+    def __init__(self, notifier: Notifier, summary: Callable[[], str]) -> None:
+        self._notifier = notifier
+        self._summary = summary
+        self._sent_at = -STATUS_EVERY_S
+        self._due: asyncio.TimerHandle | None = None
+        self._last = ""
+
+    def changed(self) -> None:
+        """The state changed: see that the line says so within STATUS_EVERY_S."""
+        if not self._notifier.enabled or self._due is not None:
+            return
+        loop = asyncio.get_running_loop()
+        wait = self._sent_at + STATUS_EVERY_S - loop.time()
+        if wait <= 0:
+            self.send(only_if_new=True)
+        else:
+            self._due = loop.call_later(wait, self.send, True)
+
+    def send(self, only_if_new: bool = False) -> None:
+        """The line now: at start-up and after a reload (READY=1 again) always, when a
+        change is due only if it says something new."""
+        if self._due is not None:
+            self._due.cancel()
+            self._due = None
+        text = self._summary()
+        with contextlib.suppress(RuntimeError):  # no running loop: nothing is ever due then
+            self._sent_at = asyncio.get_running_loop().time()
+        if not only_if_new or text != self._last:
+            self._last = text
+            self._notifier.status(text)
 
 
 def _watchdog_usec_from_env() -> int | None:

@@ -27,7 +27,7 @@ from brokerd.devices import Snapshot
 from brokerd.identity import IdentityServer, TokenAuthority, load_or_create_key
 from brokerd.inventory_watch import boot_snapshot
 from brokerd.journal import log_event, setup_logging
-from brokerd.notify import Notifier
+from brokerd.notify import Notifier, StatusLine
 from brokerd.probes import default_probes, run_probes
 from brokerd.probes.simulated import SimulatedProbe
 from brokerd.rpc_limits import CONNECTION_OPTIONS, add_guarded_servicer, guarded_handlers, raise_open_files
@@ -148,7 +148,8 @@ class Daemon:
             loop.add_signal_handler(sig, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, self._reload.set)
         # Before the extra servers: the dashboard chains its live updates onto this one.
-        service.on_change = lambda: self.notifier.status(service.summary())
+        self.status_line = StatusLine(self.notifier, service.summary)
+        service.on_change = self.status_line.changed
         # Before the sockets: once a client can connect, the metrics and the dashboard answer too.
         closers = await addons.start_servers(config, service)
         server = grpc.aio.server(options=[
@@ -176,7 +177,7 @@ class Daemon:
         log_event("start", f"serving {devices} {'simulated ' if snapshot.simulated else ''}device(s) "
                   f"on {config.socket}; {len(active)} lease(s) restored", socket=str(config.socket))
         self.notifier.ready()
-        self.notifier.status(service.summary())
+        self.status_line.send()
         try:
             while not self._stop.is_set():
                 stop = asyncio.create_task(self._stop.wait())
@@ -226,7 +227,7 @@ class Daemon:
             else:
                 log_event("reload", f"configuration reloaded from {new.source}")
         self.notifier.ready()
-        self.notifier.status(service.summary())
+        self.status_line.send()
 
     async def _watchdog(self) -> None:
         """Ping from the event loop itself: a hung loop stops the pings and systemd restarts us."""

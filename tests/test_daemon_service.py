@@ -3,6 +3,7 @@ the test binds as NOTIFY_SOCKET, SIGHUP reload, SIGTERM shutdown and restart."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 import subprocess
@@ -103,3 +104,33 @@ def test_sighup_reloads_without_dropping_leases_and_rejects_a_bad_config(start_b
         holder.terminate()
         holder.wait(10)
     assert waiter.wait(20) == 0, "the queued request was granted after the reloads"
+
+
+def test_a_burst_of_grants_sends_systemd_a_few_status_lines_and_the_last_state(notified):
+    # Every grant and release is a change. A STATUS= datagram for each woke PID 1 two
+    # thousand times a second under load, for a line an admin reads in `systemctl status`;
+    # and a notify socket whose reader lags (ten datagrams queue) blocked the event loop.
+    broker, listener = notified
+    broker.proc = subprocess.Popen(broker.command(), env=broker.env, stdout=broker.log.open("ab"),
+                                   stderr=subprocess.STDOUT)
+    listener.read("READY=1")
+    listener.read("STATUS=")
+    cycles = ("from vaccel.session import LeaseRequest, LeaseSession\n"
+              "with LeaseSession() as s:\n"
+              "    for _ in range(60):\n"
+              "        s.acquire(LeaseRequest(gpus=1)); s.release()\n")
+    began = time.monotonic()
+    burst = subprocess.Popen([broker.python, "-c", cycles], env=broker.env, stderr=subprocess.PIPE, text=True)
+    while burst.poll() is None and time.monotonic() - began < 60:  # read as systemd does, as they come
+        with contextlib.suppress(AssertionError):
+            listener.read("no such message", timeout=0.05)
+    took = time.monotonic() - began
+    assert burst.poll() == 0, f"the burst did not finish within 60 s: {burst.communicate(timeout=5)[1][-500:]}"
+    with contextlib.suppress(AssertionError):  # the line due after the burst
+        listener.read("no such message", timeout=1.5)
+    every = [m for _, m in listener.messages if m.startswith("STATUS=")]
+    assert every[-1] == "STATUS=0/4 GPUs leased, 0 waiting, 0 unhealthy", every[-3:]
+    lines = [m for at, m in listener.messages if at >= began and m.startswith("STATUS=")]
+    assert len(lines) <= took / 0.5 + 3, f"{len(lines)} status lines for 120 changes in {took:.1f}s"
+    broker.proc.send_signal(signal.SIGTERM)
+    assert broker.proc.wait(10) == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import time
@@ -125,3 +126,39 @@ def test_unusable_watchdog_usec_means_no_watchdog(value: str,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WATCHDOG_USEC", value)
     assert Notifier.from_env().watchdog_interval_s() is None
+
+
+def test_the_status_line_follows_changes_without_a_datagram_for_each() -> None:
+    sent: list[str] = []
+    state = ["0/4 GPUs leased"]
+    line = notify.StatusLine(Notifier("/run/unused", sender=lambda m: sent.append(m) or True), lambda: state[0])
+
+    async def scenario() -> None:
+        line.send()  # start-up
+        await asyncio.sleep(notify.STATUS_EVERY_S + 0.05)
+        state[0] = "1/4 GPUs leased"
+        line.changed()  # after a quiet spell: at once
+        assert sent[-1] == "STATUS=1/4 GPUs leased"
+        for n in range(2, 5):  # a burst: one line, at the end of the spell, with the state then
+            state[0] = f"{n}/4 GPUs leased"
+            line.changed()
+        assert len(sent) == 2
+        await asyncio.sleep(notify.STATUS_EVERY_S + 0.05)
+        assert sent == ["STATUS=0/4 GPUs leased", "STATUS=1/4 GPUs leased", "STATUS=4/4 GPUs leased"]
+        line.changed()  # nothing new to say: nothing sent
+        await asyncio.sleep(notify.STATUS_EVERY_S + 0.05)
+        assert len(sent) == 3
+
+    asyncio.run(scenario())
+
+
+def test_the_status_line_is_silent_outside_systemd() -> None:
+    sent: list[str] = []
+    line = notify.StatusLine(Notifier(None, sender=lambda m: sent.append(m) or True), lambda: "x")
+
+    async def scenario() -> None:
+        line.changed()
+        await asyncio.sleep(0.01)
+
+    asyncio.run(scenario())
+    assert sent == []
