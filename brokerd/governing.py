@@ -60,7 +60,7 @@ class Governance:
             raise Internal(f"the broker could not record the notice durably: {exc}") from exc
         log_event("notice", f"lease {lease.id} of {lease.holder.user}: {lease.notice}", lease_id=lease.id,
                   user=lease.holder.user, device_uuids=lease.devices)
-        self._expire_by(lease.expires_at)
+        self._expire_by(self.manager.deadline(lease))
         self.on_change()
         return lease
 
@@ -121,5 +121,5 @@ class Governance:
         self._spawn(self._logged(self.store.save_ending(lease), "a lease's notice"))
         log_event("notice", f"lease {lease.id} of {lease.holder.user}: {what}", lease_id=lease.id,
                   user=lease.holder.user, device_uuids=lease.devices)
-        self._expire_by(lease.expires_at)
+        self._expire_by(self.manager.deadline(lease))
         self.on_change()
