@@ -354,3 +354,24 @@ def test_a_grant_that_ends_after_the_timers_deadline_does_not_wake_the_expiry_lo
             store.close()
 
     asyncio.run(scenario())
+
+
+def test_a_reload_that_shortens_the_ttl_ends_silent_leases_by_the_new_one(tmp_path: Path):
+    # The expiry loop sleeps until the earliest deadline it knew of: a lease's TTL away.
+    # A reload to a shorter TTL must wake it, or silent holders keep their devices for the
+    # rest of the old TTL.
+    import dataclasses
+
+    async def scenario() -> None:
+        store, service = open_service(tmp_path, gpus(1))
+        service.start_timers()
+        try:
+            lease = await service.acquire_now(me(), Requirement(1), command="silent")
+            await asyncio.sleep(0.05)  # the loop sleeps until the lease's deadline, 30 s away
+            service.reconfigure(dataclasses.replace(service.config, heartbeat_ttl_s=0.2))
+            await eventually(lambda: lease.id not in service.manager.leases, "the silent lease expired", timeout=3)
+        finally:
+            await service.close()
+            store.close()
+
+    asyncio.run(scenario())
