@@ -460,7 +460,8 @@ def render(result: dict[str, Any]) -> str:
         f"scale: every device leased and heartbeating, W waiters queued, {result['pollers']} clients polling "
         f"Status once a second; {result['cpus']} CPU(s); CPU over {result['window_s']:.0f} s windows",
         f"bare gRPC echo p50 in the same run: {result['echo_p50_ms']:.3f} ms; a bare grpc.aio server holding W "
-        "streams (bench/bare_streams.py): " + ", ".join(f"{mb:.1f} MB at W={w}" for w, mb in result["bare_rss_mb"].items()),
+        "streams (bench/bare_streams.py): "
+        + ", ".join(f"{mb:.1f} MB at W={w}" for w, mb in result["bare_rss_mb"].items()),
         "",
         f"{'devices':>7}{'waiters':>8}{'join s':>8}{'CPU %':>8}{'RSS MB':>8}{'x bare':>8}{'status p50':>12}{'p90':>8}"
         f"{'grant p50':>11}{'p90':>8}{'x echo':>8}{'settled p50':>13}{'p90':>8}",
