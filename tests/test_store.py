@@ -460,3 +460,39 @@ def test_opening_a_file_that_is_committed_to_meanwhile_reads_one_moment_of_it(tm
     monkeypatch.undo()
     assert [x.id for x in active] == ["l-1"]
     assert reopen(tmp_path)[0] == []  # and the end is on disk
+
+
+def test_no_write_on_the_grant_or_release_path_reads_a_whole_table(tmp_path: Path):
+    # A lease's end deleted its queue row by lease_id, which no index covered: a pass over
+    # every waiting request's row (~75 us at 500, in the transaction the next waiter's
+    # grant shares). SQLite's own plan for each statement says whether it searches by a key.
+    from brokerd.queue_record import WaitRecord
+
+    store = LeaseStore(tmp_path)
+    store.open()
+    statements: list[str] = []
+    plans: list[tuple[str, str]] = []
+
+    async def scenario() -> None:
+        lease = dataclasses.replace(make_lease("l-1", "GPU-a"), reservation=False)
+        holder = lease.holder
+        await store.save_queued(WaitRecord("r-1", "k1", holder, 1.0, 0.0, b""))
+        store._conn.set_trace_callback(statements.append)
+        await store.save_grant(lease, "r-1")
+        await store.save_members(lease)
+        await store.save_ending(lease)
+        await store.save_end(ended(lease))
+        await store.save_dequeued("r-1")
+        store._conn.set_trace_callback(None)
+
+    try:
+        asyncio.run(scenario())
+        for sql in statements:
+            if sql.split()[0].upper() in ("UPDATE", "DELETE"):
+                plan = " / ".join(row[-1] for row in store._conn.execute(f"EXPLAIN QUERY PLAN {sql}"))
+                plans.append((sql, plan))
+    finally:
+        store.close()
+    assert len(plans) >= 6, plans
+    scans = [(sql, plan) for sql, plan in plans if not plan.startswith("SEARCH")]
+    assert not scans, f"statements that read a whole table: {scans}"
