@@ -106,6 +106,11 @@ model = acc.prepare(torch.nn.Linear(4, 1))          # joins the step's process g
 total = torch.tensor([float(acc.rank + 1)])
 dist.all_reduce(total)
 print("rank", acc.rank, "of", acc.world_size, "sum", total.item(), type(model).__name__, flush=True)
+# The documented end (examples/train_ddp.py): the wrapper goes, then the group vaccel started.
+# A gloo group left to the interpreter's own end can abort the process as it exits
+# (pytorch/pytorch#190489: a worker thread frees a tensor once Python is gone).
+del model
+acc.close()
 """
 
 

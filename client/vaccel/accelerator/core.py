@@ -370,7 +370,9 @@ class Accelerator:
         The group is destroyed only when no model this accelerator wrapped for DDP is
         still alive (drop your references first): destroying it under a live wrapper
         makes freeing that wrapper hang now and then. Otherwise the group ends with the
-        process, which is harmless.
+        process, and with gloo that end can abort the process as it exits (a worker
+        thread frees a tensor after the interpreter has gone: pytorch/pytorch#190489),
+        so drop the model and call this at the end of training.
         """
         if not self._owns_process_group:
             return
