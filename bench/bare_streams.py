@@ -19,7 +19,7 @@ from typing import Any
 
 import grpc
 
-from bench.leases import START_TIMEOUT_S, Bench, BenchError, end_processes
+from bench.leases import START_TIMEOUT_S, Bench, BenchError, bare_server_main, end_processes
 
 HOLD_SERVICE = "vaccel.bench.Hold"
 HOLD_METHOD = f"/{HOLD_SERVICE}/Hold"
@@ -30,20 +30,8 @@ async def _hold(request: bytes, context: grpc.aio.ServicerContext) -> AsyncItera
     await asyncio.Event().wait()  # then open until the client goes
 
 
-async def _serve(path: str, ready: Any) -> None:
-    server = grpc.aio.server()
-    handler = grpc.method_handlers_generic_handler(
-        HOLD_SERVICE, {"Hold": grpc.unary_stream_rpc_method_handler(_hold)})
-    server.add_generic_rpc_handlers((handler,))
-    server.add_insecure_port(f"unix:{path}")
-    await server.start()
-    ready.set()
-    await server.wait_for_termination()
-
-
-def _server_main(path: str, ready: Any) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
-    asyncio.run(_serve(path, ready))
+def _hold_methods() -> tuple[str, dict[str, grpc.RpcMethodHandler]]:
+    return HOLD_SERVICE, {"Hold": grpc.unary_stream_rpc_method_handler(_hold)}
 
 
 def _client_main(path: str, count: int, opened: Any, stop: Any) -> None:
@@ -69,7 +57,8 @@ def rss_by_streams(bench: Bench, counts: list[int], per_process: int, rss_mb: An
     """The bare server's RSS (MB) once it holds each of `counts` streams (ascending)."""
     path = str(bench.workdir / "bare.sock")
     ready, stop, opened = bench.ctx.Event(), bench.ctx.Event(), bench.ctx.Queue()
-    server = bench.ctx.Process(target=_server_main, args=(path, ready), daemon=True, name="bare-streams")
+    server = bench.ctx.Process(target=bare_server_main, args=(path, ready, _hold_methods), daemon=True,
+                               name="bare-streams")
     server.start()
     clients: list[Any] = []
     out: dict[int, float] = {}

@@ -134,20 +134,24 @@ async def _echo(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
     return request
 
 
-async def _serve_echo(path: str, ready: Any) -> None:
+def _echo_methods() -> tuple[str, dict[str, grpc.RpcMethodHandler]]:
+    return "vaccel.bench.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(_echo)}
+
+
+async def _serve_bare(path: str, ready: Any, methods: Callable[[], tuple[str, dict[str, Any]]]) -> None:
     server = grpc.aio.server()
-    handler = grpc.method_handlers_generic_handler(
-        "vaccel.bench.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(_echo)})
-    server.add_generic_rpc_handlers((handler,))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(*methods()),))
     server.add_insecure_port(f"unix:{path}")
     await server.start()
     ready.set()
     await server.wait_for_termination()
 
 
-def _echo_server_main(path: str, ready: Any) -> None:
+def bare_server_main(path: str, ready: Any, methods: Callable[[], tuple[str, dict[str, Any]]]) -> None:
+    """A grpc.aio server with nothing but `methods()` (service name, handlers) on a Unix
+    socket, in a process of its own (a module-level `methods` crosses the spawn)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
-    asyncio.run(_serve_echo(path, ready))
+    asyncio.run(_serve_bare(path, ready, methods))
 
 
 # -- client operations (run in the client processes) ------------------------------------
@@ -282,7 +286,8 @@ class Bench:
     def start_echo(self) -> str:
         path = str(self.workdir / "echo.sock")
         ready = self.ctx.Event()
-        server = self.ctx.Process(target=_echo_server_main, args=(path, ready), daemon=True, name="echo")
+        server = self.ctx.Process(target=bare_server_main, args=(path, ready, _echo_methods), daemon=True,
+                                  name="echo")
         server.start()
         self._children.append(server)
         deadline = time.monotonic() + START_TIMEOUT_S
