@@ -29,6 +29,20 @@ BACKFILL = "backfill window"  # how a wait_reason() that names a backfill window
 _AGING_MARGIN_S = 0.001
 
 
+def _aged(request: Request, at: float, aging_s: float) -> bool:
+    """Whether the request is old enough at `at` to go ahead of every younger one."""
+    return aging_s > 0 and at - request.since >= aging_s
+
+
+def _order_key(request: Request, now: float, aging_s: float,
+               use: Callable[[int], float]) -> tuple[int, float, float]:
+    """Where a request stands in the fair order: the aged first by arrival, then the rest
+    by their user's recent use, then by arrival."""
+    if _aged(request, now, aging_s):
+        return (0, request.since, request.since)
+    return (1, use(request.holder.uid), request.since)
+
+
 def _ranking(use: dict[int, float]) -> tuple[tuple[int, ...], ...]:
     """The users by recent use, least first; users whose use is equal side by side in
     one group (their requests then go by arrival)."""
@@ -81,7 +95,7 @@ class OrderBasis:
         if any(group not in place for group in ranking):
             return None  # users whose use was equal differ now, or the other way round
         # The old order's blocks, in its order: where each group's block ends.
-        aged = bisect_left(queue, 1, key=lambda r: 0 if aging_s > 0 and self.sorted_at - r.since >= aging_s else 1)
+        aged = bisect_left(queue, 1, key=lambda r: 0 if _aged(r, self.sorted_at, aging_s) else 1)
         group_of = {uid: at for at, group in enumerate(self.ranking) for uid in group}
         try:
             ends = [bisect_right(queue, at, lo=aged, key=lambda r: group_of[r.holder.uid])
@@ -106,9 +120,7 @@ class OrderBasis:
         use[request.holder.uid] = recent(request.holder.uid)
 
         def key(r: Request) -> tuple[int, float, float]:
-            if aging_s > 0 and now - r.since >= aging_s:
-                return (0, r.since, r.since)
-            return (1, use[r.holder.uid], r.since)
+            return _order_key(r, now, aging_s, use.__getitem__)  # KeyError: a user not ranked
 
         try:
             at = bisect_right(order, key(request), key=key)
@@ -123,16 +135,17 @@ def fair_order_and_basis(queue: list[Request], now: float, aging_s: float,
     used: dict[int, float] = {}
     ages_at = math.inf
 
-    def key(request: Request) -> tuple[int, float, float]:
-        nonlocal ages_at
-        if aging_s > 0 and now - request.since >= aging_s:
-            return (0, request.since, request.since)
-        if aging_s > 0:
-            ages_at = min(ages_at, request.since + aging_s - _AGING_MARGIN_S)
-        uid = request.holder.uid
+    def use(uid: int) -> float:
         if uid not in used:
             used[uid] = recent(uid)
-        return (1, used[uid], request.since)
+        return used[uid]
+
+    def key(request: Request) -> tuple[int, float, float]:
+        nonlocal ages_at
+        position = _order_key(request, now, aging_s, use)
+        if position[0] and aging_s > 0:
+            ages_at = min(ages_at, request.since + aging_s - _AGING_MARGIN_S)
+        return position
 
     order = sorted(queue, key=key)
     return order, OrderBasis(now, aging_s, ages_at, _ranking(used))
