@@ -11,7 +11,7 @@ processes x 8 threads by default, so the clients can use both cores the way 32 r
 training scripts would, instead of fighting over one interpreter lock.
 
 - echo: a minimal grpc.aio server (bytes in, bytes out, no protoc), one unary call per op.
-- broker: `python -m brokerd.main` on 64 simulated devices, so 32 clients never queue;
+- broker: `python -m brokerd` on 64 simulated devices, so 32 clients never queue;
   one op is an acquire as the client library makes it (vaccel/acquisition.py: the unary
   TryAcquire, granted at once here) plus Release.
   Its latency figure is the acquire alone; its rate is acquire+release cycles.
@@ -62,12 +62,13 @@ IDLE_PAUSE_S = 0.03  # before each idle echo: bench.handover's default hold
 START_TIMEOUT_S = 60.0
 RUN_TIMEOUT_S = 600.0
 
-# The daemon exactly as `python -m brokerd.main` runs it, plus one hook: at shutdown the
+# The daemon exactly as `python -m brokerd` runs it, plus one hook: at shutdown the
 # store's commit counter is written to a file, so the run can show how well grants and
 # releases were grouped into SQLite transactions. Nothing on the request path changes.
 _BROKER_LAUNCHER = textwrap.dedent("""
     import os, sys
-    from brokerd import main, store
+    from brokerd.daemon import main
+    from brokerd.state import store
     _close = store.LeaseStore.close
     def _close_and_count(self):
         with open(os.environ["VACCEL_BENCH_COMMITS_FILE"], "w") as f:

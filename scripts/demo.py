@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     with Cast(["alice", "bob", "carol", "dave", "erin", "frank", "grace"]) as cast, log_path.open("w") as log:
         (cast.stage / "needs-h100.yaml").write_text(NEEDS_H100)
         (cast.stage / "needs-h100.yaml").chmod(0o644)
-        broker = subprocess.Popen([sys.executable, "-m", "brokerd.main", "--config", str(workdir / "brokerd.toml"),
+        broker = subprocess.Popen([sys.executable, "-m", "brokerd", "--config", str(workdir / "brokerd.toml"),
                                    "--socket", str(sock), "--state-dir", str(workdir / "state"),
                                    "--inventory", str(INVENTORY)], stdout=log, stderr=subprocess.STDOUT,
                                   cwd=ROOT)

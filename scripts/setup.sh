@@ -11,7 +11,7 @@ VENV=${1:-${VACCEL_VENV:?give the venv path as an argument or in VACCEL_VENV}}
 # Debian packages: libsystemd-dev + pkg-config build systemd-python; systemd gives
 # systemd-analyze; systemd-container, debootstrap and zstd run the systemd boot test;
 # chromium drives the web dashboard's test headless (tests/test_dashboard.py);
-# libacl1-dev builds pylibacl, the device-node ACLs of `[enforce] mode = "acl"` (brokerd/enforce/);
+# libacl1-dev builds pylibacl, the device-node ACLs of `[enforce] mode = "acl"` (brokerd/addons/enforce/);
 # slurm-wlm (pulls munge) runs tests/test_slurm.py's single-node Slurm (policy-rc.d keeps its services off).
 APT_PACKAGES=(python3-venv libsystemd-dev pkg-config systemd systemd-container debootstrap zstd chromium libacl1-dev
               slurm-wlm)

@@ -73,7 +73,7 @@ class Daemon:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "brokerd.main", "--config", str(self.work / "brokerd.toml"),
+            [sys.executable, "-m", "brokerd", "--config", str(self.work / "brokerd.toml"),
              "--socket", str(self.socket), "--state-dir", str(self.work / "state"),
              "--inventory", str(self.work / "inventory.yaml")],
             env=self.env, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)

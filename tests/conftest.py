@@ -40,7 +40,7 @@ class Broker:
         self.env.pop("VACCEL_LEASE_ID", None)
 
     def command(self) -> list[str]:
-        cmd = [self.python, "-m", "brokerd.main", "--config", str(self.config), "--socket", str(self.socket),
+        cmd = [self.python, "-m", "brokerd", "--config", str(self.config), "--socket", str(self.socket),
                "--state-dir", str(self.state_dir)]
         if self.inventory is not None:
             cmd += ["--inventory", str(self.inventory)]

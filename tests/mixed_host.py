@@ -8,7 +8,7 @@ from dataclasses import replace
 from brokerd.contract import ClientFacts, Requirement
 from brokerd.contract.accel_config import parse_accelerator_config
 from brokerd.contract.spec import parse_runtime_spec
-from brokerd.devices import Device
+from brokerd.devices.model import Device
 
 A100 = Device(
     index=0, uuid="GPU-a100-0", vendor="nvidia", name="NVIDIA A100-SXM4-80GB",

@@ -14,7 +14,7 @@ import sqlite3
 import threading
 from typing import Any
 
-from brokerd.store import LeaseStore
+from brokerd.state.store import LeaseStore
 
 
 class WriterGate:

@@ -1,5 +1,5 @@
-"""Usage accounting: the report's figures on a known sequence of leases (brokerd/report.py),
-and the accounting hook on a real SQLite file with an injected clock (brokerd/accounting.py):
+"""Usage accounting: the report's figures on a known sequence of leases (brokerd/state/report.py),
+and the accounting hook on a real SQLite file with an injected clock (brokerd/state/accounting.py):
 live leases reported mid-lease, durability across a reopen, the backfill after a crash,
 pruning that never touches live leases, utilisation sampling, and who sees whose rows."""
 
@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from brokerd.accounting import DB_NAME, Accounting
-from brokerd.config import Config, ConfigError, load_config
-from brokerd.devices import Device, Snapshot
-from brokerd.lease_model import EXPIRED, RELEASED, Lease
-from brokerd.process import Holder
-from brokerd.report import UsageRow, build_report, day_start, percentile, report_json
+from brokerd.base.process import Holder
+from brokerd.config.loader import Config, ConfigError, load_config
+from brokerd.devices.model import Device, Snapshot
+from brokerd.leasing.model import EXPIRED, RELEASED, Lease
+from brokerd.state.accounting import DB_NAME, Accounting
+from brokerd.state.report import UsageRow, build_report, day_start, percentile, report_json
 
 H = 3600.0
 T0 = day_start(1736899200.0) + 10 * H  # 10:00 local time on 2025-01-15, whatever the zone

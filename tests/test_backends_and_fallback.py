@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import brokerd.probes as probes
-from brokerd.devices import ProbeVerdict, Snapshot
-from brokerd.inventory_watch import lost_probes
+import brokerd.devices.probes as probes
+from brokerd.devices.model import ProbeVerdict, Snapshot
+from brokerd.devices.watch import lost_probes
 from vaccel_common.backends import lease_env
 
 
@@ -63,7 +63,7 @@ def test_a_probe_that_stops_finding_devices_is_noticed():
 def test_socket_mode_must_be_an_octal_string(tmp_path: Path):
     import pytest
 
-    from brokerd.config import ConfigError, load_config
+    from brokerd.config.loader import ConfigError, load_config
 
     config = tmp_path / "brokerd.toml"
     config.write_text("[server]\nsocket_mode = 0o660\n")

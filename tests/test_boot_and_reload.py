@@ -8,8 +8,8 @@ import asyncio
 import signal
 import time
 
-from brokerd.devices import Device, Snapshot
-from brokerd.inventory_watch import PROBE_FAILURES_BEFORE_BELIEVED, boot_snapshot
+from brokerd.devices.model import Device, Snapshot
+from brokerd.devices.watch import PROBE_FAILURES_BEFORE_BELIEVED, boot_snapshot
 from tests.conftest import DEFAULT_CONFIG
 
 GPU = Device(0, "GPU-0", "nvidia", "card", 1024, "cuda", "sm_80", simulated=True)

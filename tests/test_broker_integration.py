@@ -356,8 +356,8 @@ def test_forged_or_missing_token_is_unauthenticated(broker: Broker):
             stub.Status(pb.StatusRequest(), metadata=metadata, timeout=5)
         assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
     # A token claiming uid 0 but signed with another key is refused too.
-    from brokerd.identity import TokenAuthority
-    from brokerd.process import Identity
+    from brokerd.base.process import Identity
+    from brokerd.edge.identity import TokenAuthority
 
     forged, _ = TokenAuthority(b"k" * 32, 60).mint(Identity(0, 0, os.getpid(), 1))
     with pytest.raises(grpc.RpcError) as info:
@@ -415,7 +415,7 @@ def test_cli_usage_errors_are_one_line(broker: Broker):
     assert r.returncode == 0, "--socket before the command is honoured"
     r = broker.vaccel("run", "--contract", "no-such-spec.yaml", "--", "true")
     assert r.returncode == 2 and "no-such-spec.yaml" in r.stderr and "Traceback" not in r.stderr
-    r = subprocess.run([sys.executable, "-m", "brokerd.main", "--config", "/nonexistent/brokerd.toml"],
+    r = subprocess.run([sys.executable, "-m", "brokerd", "--config", "/nonexistent/brokerd.toml"],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "no such configuration file" in r.stderr
 

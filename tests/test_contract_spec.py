@@ -11,7 +11,7 @@ from brokerd.contract import ContractError
 from brokerd.contract.accel_config import parse_accelerator_config
 from brokerd.contract.convert import requirement_from_request
 from brokerd.contract.spec import parse_runtime_spec
-from brokerd.devices import Device
+from brokerd.devices.model import Device
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 ISSUE_SPEC = """\

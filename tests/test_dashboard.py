@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from brokerd.config import ConfigError, load_config
-from brokerd.web.push import MAX_CLIENTS
+from brokerd.addons.web.push import MAX_CLIENTS
+from brokerd.config.loader import ConfigError, load_config
 from scripts.browser import BrowserError, Chromium, find_chromium
 from tests.conftest import LAB_INVENTORY, ROOT, Broker
 from tests.test_broker_integration import status, wait_for

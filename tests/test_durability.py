@@ -172,11 +172,11 @@ def test_untrustworthy_state_refuses_to_start(start_broker):
 
 
 def test_second_daemon_on_the_same_state_is_refused(broker: Broker):
-    other = subprocess.run([sys.executable, "-m", "brokerd.main", "--state-dir", str(broker.state_dir),
+    other = subprocess.run([sys.executable, "-m", "brokerd", "--state-dir", str(broker.state_dir),
                             "--socket", str(broker.workdir / "other.sock"), "--inventory", str(LAB_INVENTORY)],
                            capture_output=True, text=True, timeout=30)
     assert other.returncode == 1 and "already uses the state directory" in other.stderr
-    same_socket = subprocess.run([sys.executable, "-m", "brokerd.main", "--state-dir",
+    same_socket = subprocess.run([sys.executable, "-m", "brokerd", "--state-dir",
                                   str(broker.workdir / "other-state"), "--socket", str(broker.socket),
                                   "--inventory", str(LAB_INVENTORY)], capture_output=True, text=True, timeout=30)
     assert same_socket.returncode == 1 and "already listening" in same_socket.stderr
@@ -201,7 +201,7 @@ def test_bad_inventory_is_a_clear_startup_error(tmp_path: Path):
             uuid: GPU-1
             memory_mib: -1
     """))
-    r = subprocess.run([sys.executable, "-m", "brokerd.main", "--inventory", str(bad), "--socket",
+    r = subprocess.run([sys.executable, "-m", "brokerd", "--inventory", str(bad), "--socket",
                         str(tmp_path / "s.sock"), "--state-dir", str(tmp_path / "st")],
                        capture_output=True, text=True, timeout=30, env={**os.environ})
     assert r.returncode == 1 and "memory_mib must be positive" in r.stderr and "Traceback" not in r.stderr
@@ -217,7 +217,7 @@ def test_drained_devices_stay_drained_across_restart(start_broker):
 
 
 def test_the_durability_setting_is_read_and_a_wrong_value_refused(tmp_path: Path):
-    from brokerd.config import ConfigError, load_config
+    from brokerd.config.loader import ConfigError, load_config
 
     path = tmp_path / "brokerd.toml"
     path.write_text("")

@@ -1,4 +1,4 @@
-"""Leases enforced by the kernel (`[enforce] mode = "acl"`, brokerd/enforce/), tested with real
+"""Leases enforced by the kernel (`[enforce] mode = "acl"`, brokerd/addons/enforce/), tested with real
 Unix users, real POSIX ACLs and real character device nodes.
 
 The nodes are made with mknod in a temp dir under /tmp (ext4 here; tmpfs takes ACLs too),
@@ -27,11 +27,11 @@ from pathlib import Path
 
 import pytest
 
-from brokerd.config import ConfigError, load_config
-from brokerd.devices import Device
-from brokerd.enforce.nodes import gate_problem, node_id, node_problem, ungated
-from brokerd.enforce.openers import _by_mapping, find_openers, first_login_uid
-from brokerd.probes.simulated import InventoryError, parse_inventory
+from brokerd.addons.enforce.openers import _by_mapping, find_openers, first_login_uid
+from brokerd.config.loader import ConfigError, load_config
+from brokerd.devices.model import Device
+from brokerd.devices.nodes import gate_problem, node_id, node_problem, ungated
+from brokerd.devices.probes.simulated import InventoryError, parse_inventory
 from tests.conftest import Broker
 from tests.test_multiuser import _ensure_user, as_user, staged, status, wait_for  # noqa: F401 - staged: fixture
 
@@ -39,7 +39,7 @@ pytestmark = [
     pytest.mark.multiuser,
     pytest.mark.skipif(os.geteuid() != 0, reason="enforcement tests need root: useradd, mknod, ACLs on root's nodes"),
 ]
-acl = pytest.importorskip("brokerd.enforce.acl")
+acl = pytest.importorskip("brokerd.addons.enforce.acl")
 pytest.importorskip("posix1e", reason="pylibacl is not installed (scripts/setup.sh installs vaccel[enforce])")
 
 ALICE, BOB = "vaccel-alice", "vaccel-bob"

@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from brokerd.base.process import Holder, ProcessId
 from brokerd.contract import Requirement
-from brokerd.errors import Unsatisfiable
-from brokerd.lease_model import HOLDER_EXITED, IDLE, REVOKED, TIME_LIMIT, Ask, Lease, Request, UserLimits
-from brokerd.leases import LeaseManager
-from brokerd.process import Holder, ProcessId
-from brokerd.queue_rules import fair_order, fair_order_and_basis
+from brokerd.leasing.errors import Unsatisfiable
+from brokerd.leasing.manager import LeaseManager
+from brokerd.leasing.model import HOLDER_EXITED, IDLE, REVOKED, TIME_LIMIT, Ask, Lease, Request, UserLimits
+from brokerd.leasing.queue_rules import fair_order, fair_order_and_basis
 from tests.test_leases import ALICE, BOB, CAROL, gpu, manager
 
 HOUR = 3600.0
@@ -216,7 +216,7 @@ def test_a_holder_that_exits_at_its_end_or_after_a_revoke_notice_ends_as_that_en
 
 
 def test_use_is_kept_for_the_longest_window_any_policy_table_asks_for():
-    from brokerd.fairshare import UsageBook
+    from brokerd.leasing.fairshare import UsageBook
 
     book = UsageBook(half_life_s=HOUR, window_s=14 * 24 * HOUR)  # a group's 14-day window, the default's 7
     now = 100 * 24 * HOUR

@@ -92,8 +92,8 @@ def test_the_client_waits_on_the_stream_only_when_it_must(broker: Broker, connec
 def test_an_equal_request_against_the_same_devices_reuses_the_requirement_made_for_it():
     import asyncio
 
-    from brokerd.devices import Device
-    from brokerd.work_guard import WorkGuard
+    from brokerd.devices.model import Device
+    from brokerd.edge.work_guard import WorkGuard
     from vaccel_common.v1 import broker_pb2 as pb
 
     devices = tuple(Device(i, f"GPU-{i}", "nvidia", "card", 1024, "cuda", "sm_80", simulated=True) for i in range(4))
@@ -203,10 +203,10 @@ def test_newcomers_share_one_build_of_the_held_devices_while_they_stay_the_same(
     import dataclasses
     import time
 
-    from brokerd import servicer as servicer_module
-    from brokerd.devices import Device
-    from brokerd.servicer import HELD_MAX_AGE_S, BrokerServicer
-    from brokerd.views import DeviceView
+    from brokerd.core.views import DeviceView
+    from brokerd.devices.model import Device
+    from brokerd.edge import servicer as servicer_module
+    from brokerd.edge.servicer import HELD_MAX_AGE_S, BrokerServicer
     from tests.test_store import make_lease
 
     clock = {"now": 1000.0}

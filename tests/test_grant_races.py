@@ -16,16 +16,16 @@ import sqlite3
 import subprocess
 from pathlib import Path
 
-from brokerd.config import Config
+from brokerd.base.process import Identity
+from brokerd.base.procinfo import start_time
+from brokerd.config.loader import Config
 from brokerd.contract import Requirement
-from brokerd.devices import Device, Snapshot
-from brokerd.errors import DeadlineExceeded
-from brokerd.lease_model import RELEASED, Lease
-from brokerd.process import Identity
-from brokerd.procinfo import start_time
-from brokerd.service import BrokerService
-from brokerd.store import DB_NAME, LeaseStore
-from brokerd.waiting import QueuedUpdate
+from brokerd.core.service import BrokerService
+from brokerd.core.waiting import QueuedUpdate
+from brokerd.devices.model import Device, Snapshot
+from brokerd.leasing.errors import DeadlineExceeded
+from brokerd.leasing.model import RELEASED, Lease
+from brokerd.state.store import DB_NAME, LeaseStore
 from tests.store_gate import WriterGate
 from tests.test_service import active_on_disk, eventually, me, one_gpu
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import itertools
 
+from brokerd.base.process import Holder
 from brokerd.contract import Requirement
-from brokerd.holders_line import HOLDERS_LISTED
-from brokerd.leases import LeaseManager
-from brokerd.process import Holder
+from brokerd.leasing.holders_line import HOLDERS_LISTED
+from brokerd.leasing.manager import LeaseManager
 from tests.test_leases import ALICE, BOB, CAROL, gpu
 
 

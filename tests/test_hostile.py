@@ -148,7 +148,7 @@ def test_idle_connections_cannot_exhaust_the_daemon(hostile):
 def test_the_identity_sockets_calls_act_for_the_kernels_caller_and_are_bounded(hostile):
     """vaccel_common/side_call.py: alice cannot release bob's lease there, garbage gets
     nothing, and holding connections open costs her the side path, never bob his GPU."""
-    from brokerd.side_calls import PER_USER
+    from brokerd.edge.side_calls import PER_USER
 
     broker, staged = hostile
     assert broker.proc is not None

@@ -16,19 +16,19 @@ from pathlib import Path
 
 import pytest
 
+from brokerd.base.journal import PrintableFilter, RateLimitFilter, log_event
+from brokerd.base.process import Holder, Identity, ProcessId
+from brokerd.base.procinfo import short_command, start_time
 from brokerd.contract import ClientFacts, ContractError, Requirement, evaluate
 from brokerd.contract.located import MAX_DEPTH
 from brokerd.contract.spec import parse_runtime_spec
-from brokerd.devices import Device
-from brokerd.errors import Busy
-from brokerd.identity import TokenAuthority, TokenError, load_or_create_key
-from brokerd.journal import PrintableFilter, RateLimitFilter, log_event
-from brokerd.leases import LeaseManager
-from brokerd.process import Holder, Identity, ProcessId
-from brokerd.procinfo import short_command, start_time
-from brokerd.reaper import lease_processes, signal_all
-from brokerd.state_dir import UnsafeStateDir, check_state_dir, lock_state_dir, write_private
-from brokerd.work_guard import WorkGuard
+from brokerd.core.reaper import lease_processes, signal_all
+from brokerd.devices.model import Device
+from brokerd.edge.identity import TokenAuthority, TokenError, load_or_create_key
+from brokerd.edge.work_guard import WorkGuard
+from brokerd.leasing.errors import Busy
+from brokerd.leasing.manager import LeaseManager
+from brokerd.state.state_dir import UnsafeStateDir, check_state_dir, lock_state_dir, write_private
 from tests.hostile_client import alias_bomb, large_legal_spec
 from vaccel_common import paths
 from vaccel_common.text import printable
@@ -305,7 +305,7 @@ def test_the_daemon_refuses_a_state_dir_someone_else_controls_with_one_clear_lin
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
     os.chown(state, 65534, 65534)
-    r = subprocess.run([sys.executable, "-m", "brokerd.main", "--state-dir", str(state), "--socket",
+    r = subprocess.run([sys.executable, "-m", "brokerd", "--state-dir", str(state), "--socket",
                         str(tmp_path / "b.sock"), "--inventory", str(Path(__file__).parent.parent / "examples" /
                                                                       "lab-server.yaml")],
                        capture_output=True, text=True, timeout=60)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from brokerd import install_units as iu
-from brokerd.config import load_config
-from brokerd.install_units import InstallError, install_units, render_unit
+from brokerd.config.loader import load_config
+from brokerd.daemon import install_units as iu
+from brokerd.daemon.install_units import InstallError, install_units, render_unit
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from brokerd import journal
-from brokerd.journal import log_event, setup_logging
+from brokerd.base import journal
+from brokerd.base.journal import log_event, setup_logging
 
 
 @pytest.fixture(autouse=True)
@@ -107,7 +107,7 @@ def test_an_event_names_the_code_that_logged_it(sent: list[tuple[str, ...]]) -> 
 def test_plain_records_reach_the_journal_without_event_fields(
         sent: list[tuple[str, ...]]) -> None:
     setup_logging("info", journal=True)
-    logging.getLogger("brokerd.store").error("state file is damaged")
+    logging.getLogger("brokerd.state.store").error("state file is damaged")
     (lines,) = sent
     assert "MESSAGE=state file is damaged" in lines
     assert "PRIORITY=3" in lines

@@ -20,15 +20,15 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from brokerd.base.process import Holder
 from brokerd.contract import Requirement, evaluate
-from brokerd.devices import Device
-from brokerd.errors import Busy, LeaseError, Unsatisfiable
-from brokerd.lease_model import Ask, Lease, LeaseTerms, Request, UserLimits
-from brokerd.leases import LeaseManager
-from brokerd.permissions import Action, Permissions
-from brokerd.process import Holder
-from brokerd.queue_record import WaitRecord
-from brokerd.store import DB_NAME, LeaseStore
+from brokerd.core.permissions import Action, Permissions
+from brokerd.devices.model import Device
+from brokerd.leasing.errors import Busy, LeaseError, Unsatisfiable
+from brokerd.leasing.manager import LeaseManager
+from brokerd.leasing.model import Ask, Lease, LeaseTerms, Request, UserLimits
+from brokerd.state.queue_record import WaitRecord
+from brokerd.state.store import DB_NAME, LeaseStore
 
 N_DEVICES = 4
 HOLDERS = [Holder(1000 + i, 1000 + i, 100 + i, 7, f"user{i}") for i in range(4)]

@@ -6,12 +6,12 @@ import itertools
 
 import pytest
 
+from brokerd.base.process import Holder, ProcessId
 from brokerd.contract import Requirement
-from brokerd.devices import Device
-from brokerd.errors import Busy, Ended, LeaseError, NotFound, Unsatisfiable
-from brokerd.lease_model import EXPIRED, HOLDER_EXITED, LOST, RELEASED, REVOKED, Lease, Request
-from brokerd.leases import LeaseManager
-from brokerd.process import Holder, ProcessId
+from brokerd.devices.model import Device
+from brokerd.leasing.errors import Busy, Ended, LeaseError, NotFound, Unsatisfiable
+from brokerd.leasing.manager import LeaseManager
+from brokerd.leasing.model import EXPIRED, HOLDER_EXITED, LOST, RELEASED, REVOKED, Lease, Request
 
 
 class Clock:
@@ -121,7 +121,7 @@ def test_cancel_removes_from_queue():
 
 
 def test_release_by_another_user_is_a_revoke():
-    # Who may release at all is brokerd/permissions.py's (tests/test_permissions.py).
+    # Who may release at all is brokerd/core/permissions.py's (tests/test_permissions.py).
     m, _ = manager(1)
     a = m.submit(ALICE, Requirement(1), wait=False)
     revoked = m.release(a.id, BOB.uid)
@@ -166,7 +166,7 @@ def test_holder_exit_ends_leases_and_drops_requests():
 
 
 def test_a_joining_process_becomes_a_member():
-    # Who may join is brokerd/permissions.py's (tests/test_permissions.py).
+    # Who may join is brokerd/core/permissions.py's (tests/test_permissions.py).
     m, _ = manager(1)
     a = m.submit(ALICE, Requirement(1), wait=False)
     assert m.join(a.id, ProcessId(9999, 5)).members == {(9999, 5)}

@@ -1,4 +1,4 @@
-"""The pidfd watch (brokerd/liveness.py): a released process's pidfd lingers within a
+"""The pidfd watch (brokerd/core/liveness.py): a released process's pidfd lingers within a
 bound, answers whether its process still runs, and a token of a process that exited is
 refused whether or not the broker still watches it."""
 
@@ -11,11 +11,11 @@ import sys
 
 import pytest
 
-from brokerd import liveness
-from brokerd.identity import TokenAuthority, TokenError
-from brokerd.liveness import ProcessWatcher
-from brokerd.process import Identity, ProcessId
-from brokerd.procinfo import start_time
+from brokerd.base.process import Identity, ProcessId
+from brokerd.base.procinfo import start_time
+from brokerd.core import liveness
+from brokerd.core.liveness import ProcessWatcher
+from brokerd.edge.identity import TokenAuthority, TokenError
 
 
 def _child() -> tuple[subprocess.Popen[bytes], ProcessId]:

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from brokerd.job_mapping import JobMapping
-from brokerd.lease_model import Lease
-from brokerd.process import Holder
+from brokerd.addons.job_mapping import JobMapping
+from brokerd.base.process import Holder
+from brokerd.leasing.model import Lease
 from tests.conftest import LAB_INVENTORY
 from tests.test_multiuser import wait_for
 

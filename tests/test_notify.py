@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from brokerd import notify
-from brokerd.notify import Notifier
+from brokerd.daemon import notify
+from brokerd.daemon.notify import Notifier
 
 
 @pytest.fixture(autouse=True)

@@ -1,10 +1,10 @@
-"""brokerd.occupancy: who uses which GPU, covered by which lease, and what is busy."""
+"""brokerd.devices.occupancy: who uses which GPU, covered by which lease, and what is busy."""
 
 from __future__ import annotations
 
-from brokerd.devices import Device, GpuProcess
-from brokerd.occupancy import Occupancy, classify, to_signal
-from brokerd.procinfo import ProcInfo
+from brokerd.base.procinfo import ProcInfo
+from brokerd.devices.model import Device, GpuProcess
+from brokerd.devices.occupancy import Occupancy, classify, to_signal
 
 GPU0, GPU1, GPU2 = "GPU-0", "GPU-1", "GPU-2"
 

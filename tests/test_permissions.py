@@ -1,4 +1,4 @@
-"""Every rule of who may see or do what (brokerd/permissions.py), one row each, with the
+"""Every rule of who may see or do what (brokerd/core/permissions.py), one row each, with the
 exact refusal a user reads; that the service applies them before anything else happens;
 and that no other part of the daemon decides permissions."""
 
@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from brokerd.config import Config
+from brokerd.base.process import Holder, Identity
+from brokerd.base.procinfo import start_time
+from brokerd.config.loader import Config
 from brokerd.contract import Requirement
-from brokerd.devices import Device, Snapshot
-from brokerd.errors import Ended, NotFound, PermissionDenied
-from brokerd.lease_model import REVOKED, Lease
-from brokerd.permissions import RULES, Action, Permissions
-from brokerd.process import Holder, Identity
-from brokerd.procinfo import start_time
-from brokerd.service import BrokerService
-from brokerd.store import LeaseStore
+from brokerd.core.permissions import RULES, Action, Permissions
+from brokerd.core.service import BrokerService
+from brokerd.devices.model import Device, Snapshot
+from brokerd.leasing.errors import Ended, NotFound, PermissionDenied
+from brokerd.leasing.model import REVOKED, Lease
+from brokerd.state.store import LeaseStore
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -151,10 +151,10 @@ def test_the_service_asks_before_it_acts(tmp_path: Path):
 def test_only_the_service_consults_permissions_and_only_the_table_refuses():
     daemon = ROOT / "brokerd"
     importers = sorted(p.relative_to(daemon).as_posix() for p in daemon.rglob("*.py")
-                       if re.search(r"^from brokerd\.permissions import", p.read_text(), re.MULTILINE))
-    assert importers == ["service.py"]
+                       if re.search(r"^from brokerd\.core\.permissions import", p.read_text(), re.MULTILINE))
+    assert importers == ["core/service.py"]
     raisers = sorted(p.relative_to(daemon).as_posix() for p in daemon.rglob("*.py")
                      if "raise PermissionDenied(" in p.read_text())
-    assert raisers == ["permissions.py"]
-    servicer = (daemon / "servicer.py").read_text()
+    assert raisers == ["core/permissions.py"]
+    servicer = (daemon / "edge" / "servicer.py").read_text()
     assert "is_admin" not in servicer and ".manager" not in servicer

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from brokerd.contract import ClientFacts
-from brokerd.policy import select_devices as select
+from brokerd.leasing.selection import select_devices as select
 from tests.mixed_host import A100, MAX1550, MI250X, MIXED, T4, gpu, requirement
 
 NO_FACTS = ClientFacts()

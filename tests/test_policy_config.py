@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from brokerd.config import ConfigError, load_config
+from brokerd.config.loader import ConfigError, load_config
 
 MY_GROUP = grp.getgrgid(os.getgid()).gr_name
 

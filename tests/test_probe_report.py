@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from brokerd.devices import Device, GpuProcess, ProbeVerdict, Snapshot
-from brokerd.probe_report import probe_report, render_probe_text
-from brokerd.probes.simulated import SimulatedProbe
+from brokerd.devices.model import Device, GpuProcess, ProbeVerdict, Snapshot
+from brokerd.devices.probe_report import probe_report, render_probe_text
+from brokerd.devices.probes.simulated import SimulatedProbe
 
 
 def snapshot() -> Snapshot:

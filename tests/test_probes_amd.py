@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from brokerd.probes.amd import AmdSmiProbe
+from brokerd.devices.probes.amd import AmdSmiProbe
 
 FIXTURE = Path(__file__).parent / "fixtures" / "probes" / "amdsmi_mi250x.yaml"
 

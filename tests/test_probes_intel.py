@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from brokerd.probes.intel import IntelSysfsProbe
+from brokerd.devices.probes.intel import IntelSysfsProbe
 
 FIXTURE = Path(__file__).parent / "fixtures" / "probes" / "intel_sysfs.yaml"
 

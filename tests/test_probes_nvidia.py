@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from brokerd.probes.nvidia import (
+from brokerd.devices.probes.nvidia import (
     NvmlProbe,
     bandwidth_gbps,
     cuda_version_text,

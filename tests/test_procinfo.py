@@ -1,4 +1,4 @@
-"""brokerd.procinfo against a fake /proc tree, and against this process's real one."""
+"""brokerd.base.procinfo against a fake /proc tree, and against this process's real one."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from brokerd.procinfo import ancestors, process_info, short_command, start_time, user_name
+from brokerd.base.procinfo import ancestors, process_info, short_command, start_time, user_name
 
 
 def fake_proc(root: Path, pid: int, ppid: int, *, comm: str = "python3", uid: int = 1000,

@@ -36,8 +36,8 @@ VENDOR_FACTS = re.compile(
     r"|\bsm_|\bcompute_\d|gfx|\bxe\d?_"  # architecture families
     r"|geforce|radeon|instinct|tesla|quadro|\barc\b",  # marketing words
     re.IGNORECASE)
-ALLOWED = ("brokerd/probes/", "brokerd/vendors.py", "vaccel_common/backends.py", "vaccel_common/v1/",
-           "client/vaccel/accelerator/")
+ALLOWED = ("brokerd/devices/probes/", "brokerd/devices/vendors.py", "vaccel_common/backends.py",
+           "vaccel_common/v1/", "client/vaccel/accelerator/")
 
 
 def _offenders(roots: tuple[str, ...], words: re.Pattern[str]) -> list[str]:
@@ -58,8 +58,9 @@ def test_vendor_names_only_in_probes_and_backends():
 
 
 def test_the_daemon_never_imports_torch():
-    code = ("import sys, brokerd.main, brokerd.server, brokerd.service, brokerd.servicer, brokerd.probes;"
-            "from brokerd.probes import default_probes; default_probes();"
+    code = ("import sys, brokerd.daemon.main, brokerd.daemon.server, brokerd.core.service, brokerd.edge.servicer,"
+            " brokerd.devices.probes;"
+            "from brokerd.devices.probes import default_probes; default_probes();"
             "print('torch' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -71,8 +72,9 @@ def test_the_daemon_never_imports_the_client_and_leaves_its_environment_alone():
     neither import the client package `vaccel` nor change the daemon's own environment
     (the client turns gRPC's fork handlers off; the daemon must not inherit that)."""
     code = ("import os, sys; before = dict(os.environ);"
-            "import brokerd.main, brokerd.server, brokerd.service, brokerd.servicer, brokerd.contract, brokerd.probes;"
-            "from brokerd.probes import default_probes; default_probes();"
+            "import brokerd.daemon.main, brokerd.daemon.server, brokerd.core.service, brokerd.edge.servicer,"
+            " brokerd.contract, brokerd.devices.probes;"
+            "from brokerd.devices.probes import default_probes; default_probes();"
             "client = sorted(m for m in sys.modules if m == 'vaccel' or m.startswith('vaccel.'));"
             "print(client, dict(os.environ) == before)")
     env = {k: v for k, v in os.environ.items() if k != "GRPC_ENABLE_FORK_SUPPORT"}

@@ -17,13 +17,13 @@ import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from brokerd.config import Config
+from brokerd.base.process import Identity
+from brokerd.base.procinfo import start_time
+from brokerd.config.loader import Config
 from brokerd.contract import Requirement
-from brokerd.lease_model import Lease
-from brokerd.process import Identity
-from brokerd.procinfo import start_time
-from brokerd.service import BrokerService
-from brokerd.store import LeaseStore
+from brokerd.core.service import BrokerService
+from brokerd.leasing.model import Lease
+from brokerd.state.store import LeaseStore
 from tests.test_service import gpus, me, open_service
 
 
@@ -133,8 +133,8 @@ def test_an_end_drops_only_the_grant_kept_for_its_own_lease_and_reads_no_other_r
     # A lease's end dropped its kept grant by reading every record (~0.25 ms of the daemon
     # per end at 500 waiting, on the way from a release to the next grant); it now looks
     # up the one record that holds that lease, if any.
-    from brokerd.process import Holder
-    from brokerd.queue_record import WaitRecord, WaitRecords
+    from brokerd.base.process import Holder
+    from brokerd.state.queue_record import WaitRecord, WaitRecords
 
     records = WaitRecords()
     holder = Holder(1001, 1001, 500, 11, "alice")

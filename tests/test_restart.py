@@ -17,13 +17,13 @@ import sys
 import time
 from pathlib import Path
 
-from brokerd.config import Config
+from brokerd.config.loader import Config
 from brokerd.contract import Requirement
-from brokerd.lease_model import Lease
-from brokerd.queueing import Rebuilt
-from brokerd.service import BrokerService
-from brokerd.store import LeaseStore
-from brokerd.waiting import QueuedUpdate
+from brokerd.core.queueing import Rebuilt
+from brokerd.core.service import BrokerService
+from brokerd.core.waiting import QueuedUpdate
+from brokerd.leasing.model import Lease
+from brokerd.state.store import LeaseStore
 from tests.conftest import Broker
 from tests.test_grant_races import identity_of
 from tests.test_service import one_gpu

@@ -8,16 +8,16 @@ import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-from brokerd.config import Config
+from brokerd.base.process import Identity
+from brokerd.base.procinfo import start_time
+from brokerd.config.loader import Config
 from brokerd.contract import Requirement
-from brokerd.devices import Device, Snapshot
-from brokerd.lease_hooks import LeaseHook
-from brokerd.lease_model import RELEASED, Lease
-from brokerd.process import Identity
-from brokerd.procinfo import start_time
-from brokerd.service import BrokerService
-from brokerd.store import LeaseStore
-from brokerd.waiting import QueuedUpdate
+from brokerd.core.service import BrokerService
+from brokerd.core.waiting import QueuedUpdate
+from brokerd.devices.model import Device, Snapshot
+from brokerd.leasing.hooks import LeaseHook
+from brokerd.leasing.model import RELEASED, Lease
+from brokerd.state.store import LeaseStore
 from tests.store_gate import WriterGate
 
 
@@ -192,7 +192,7 @@ def test_a_waiter_gets_a_device_freed_by_expiry_of_several_leases_at_once(tmp_pa
 
 
 def test_a_waiter_blocked_by_its_own_lease_is_told_why(tmp_path: Path):
-    """It keeps no device back from others (brokerd/reservations.py), so its queue line
+    """It keeps no device back from others (brokerd/leasing/reservations.py), so its queue line
     must say what it waits for: one of its own user's leases to end."""
     async def scenario() -> tuple[str, str]:
         store, service = open_service(tmp_path, gpus(2))
@@ -284,8 +284,8 @@ def test_an_ask_that_will_not_wait_does_not_count_the_waiting_requests(tmp_path:
     # TryAcquire (`vaccel run`'s first ask) never joins the queue, so the per-user cap on
     # waiting requests is not its business; counting the asker's requests read every
     # waiting request on a busy host (~0.3 ms of the daemon at 500 waiting), for nothing.
-    from brokerd.errors import Busy
-    from brokerd.lease_model import Request
+    from brokerd.leasing.errors import Busy
+    from brokerd.leasing.model import Request
 
     async def scenario() -> None:
         store, service = open_service(tmp_path, gpus(1))

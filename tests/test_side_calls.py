@@ -1,4 +1,4 @@
-"""Unary calls over the identity socket (vaccel_common/side_call.py, brokerd/side_calls.py):
+"""Unary calls over the identity socket (vaccel_common/side_call.py, brokerd/edge/side_calls.py):
 what a short-lived client gets there is what gRPC would give it, identity comes from the
 kernel alone, and whatever the side path cannot answer goes to gRPC unchanged."""
 
@@ -61,7 +61,7 @@ def test_the_side_path_serves_only_its_methods_and_bounds_what_it_reads(broker: 
     for payload in (b"\xff" * 5000 + b"\n", b"CALL Status %d\n" % (MAX_REQUEST_BYTES + 1), b"GET / HTTP/1.1\r\n\r\n"):
         line, rest = raw_call(path, payload)
         assert rest == b"", (payload[:40], rest[:100])
-    # An undecodable request: INVALID_ARGUMENT, as on gRPC (brokerd/rpc_limits.py).
+    # An undecodable request: INVALID_ARGUMENT, as on gRPC (brokerd/edge/rpc_limits.py).
     _, rest = raw_call(path, request_header("TryAcquire", 5) + b"\xff\xff\xff\xff\x0f")
     code, details = reply_of(rest)
     assert code == 3 and b"cannot be decoded" in details
@@ -98,7 +98,7 @@ def test_a_request_too_large_for_the_side_path_goes_over_grpc(broker: Broker, tm
 
 
 def test_a_user_holding_many_side_connections_open_only_loses_the_side_path(broker: Broker):
-    from brokerd.side_calls import PER_USER
+    from brokerd.edge.side_calls import PER_USER
 
     path = id_path(broker)
     idle = []

@@ -1,4 +1,4 @@
-"""A node Slurm also manages (`[slurm] mode = "delegate"`, brokerd/slurm/) and a login node
+"""A node Slurm also manages (`[slurm] mode = "delegate"`, brokerd/addons/slurm/) and a login node
 (`mode = "submit"`, client/vaccel/slurm_submit.py), on a real single-node Slurm
 (tests/slurm_cluster.py: four fake GPUs) with a real broker as root and real users
 (tests/test_multiuser.py's helpers): Slurm is the only allocator, vaccel's leases are
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from brokerd.slurm.jobs import gres_indices, parse_index_list, parse_jobs, pending_order
+from brokerd.addons.slurm.jobs import gres_indices, parse_index_list, parse_jobs, pending_order
 from tests.conftest import LAB_INVENTORY, ROOT, Broker
 from tests.slurm_cluster import SlurmCluster, slurm_fixture  # noqa: F401 - the `slurm` fixture
 from tests.test_multiuser import as_user, staged, wait_for  # noqa: F401 - `staged` is a fixture
@@ -295,7 +295,7 @@ def test_a_restart_re_adopts_live_jobs_and_cancels_those_whose_holder_died(slurm
 
 
 def test_an_unknown_slurm_mode_stops_the_start_naming_file_and_key(tmp_path):
-    from brokerd.config import ConfigError, load_config
+    from brokerd.config.loader import ConfigError, load_config
 
     path = tmp_path / "brokerd.toml"
     path.write_text('[slurm]\nmode = "delegated"\n')

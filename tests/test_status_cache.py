@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 
 from brokerd.contract import Requirement
-from brokerd.status_cache import MAX_AGE_S, StatusCache
+from brokerd.edge.status_cache import MAX_AGE_S, StatusCache
 from tests.test_service import gpus, open_service
 from tests.test_service import me as current_process
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from brokerd.base.process import Holder
 from brokerd.contract import CheckLine
-from brokerd.lease_model import RELEASED, Lease, LeaseTerms
-from brokerd.process import Holder
-from brokerd.store import DB_NAME, SCHEMA_VERSION, LeaseStore, StateError
+from brokerd.leasing.model import RELEASED, Lease, LeaseTerms
+from brokerd.state.store import DB_NAME, SCHEMA_VERSION, LeaseStore, StateError
 from tests.store_gate import WriterGate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -117,7 +117,7 @@ def test_a_grant_is_on_disk_before_its_future_resolves(tmp_path: Path):
 
 KILLED_RIGHT_AFTER_SAVING = """
 import asyncio, dataclasses, os, signal, sys
-from brokerd.store import LeaseStore
+from brokerd.state.store import LeaseStore
 from tests.test_store import ended, make_lease
 
 def lease(lease_id, device):  # argv[2]: "reservation" (fsync'd, the writer thread) or "process" (the loop)
@@ -466,7 +466,7 @@ def test_no_write_on_the_grant_or_release_path_reads_a_whole_table(tmp_path: Pat
     # A lease's end deleted its queue row by lease_id, which no index covered: a pass over
     # every waiting request's row (~75 us at 500, in the transaction the next waiter's
     # grant shares). SQLite's own plan for each statement says whether it searches by a key.
-    from brokerd.queue_record import WaitRecord
+    from brokerd.state.queue_record import WaitRecord
 
     store = LeaseStore(tmp_path)
     store.open()

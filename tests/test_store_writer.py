@@ -1,4 +1,4 @@
-"""Where LeaseStore's commits run (brokerd/store_writer.py): on the event loop in its next
+"""Where LeaseStore's commits run (brokerd/state/writer.py): on the event loop in its next
 turn, when nothing needs an fsync and the writer thread is idle; on the writer thread
 otherwise, always in the order the writes were made.
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from brokerd import store_writer
-from brokerd.store import LeaseStore
+from brokerd.state import writer as store_writer
+from brokerd.state.store import LeaseStore
 from tests.test_store import ended, make_lease, raw, reopen
 
 LOOP = threading.main_thread().name

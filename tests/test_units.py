@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from brokerd.install_units import install_units
+from brokerd.daemon.install_units import install_units
 
 REPO = Path(__file__).resolve().parent.parent
 UNIT = REPO / "systemd" / "vaccel-brokerd.service"

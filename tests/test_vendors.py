@@ -1,11 +1,11 @@
-"""The vendor table (brokerd/vendors.py) is consistent with itself and with the probes."""
+"""The vendor table (brokerd/devices/vendors.py) is consistent with itself and with the probes."""
 
 from __future__ import annotations
 
 from brokerd.contract.versions import parse_capability, try_capability
-from brokerd.probes import default_probes
-from brokerd.probes.cpu import CpuProbe
-from brokerd.vendors import (
+from brokerd.devices.probes import default_probes
+from brokerd.devices.probes.cpu import CpuProbe
+from brokerd.devices.vendors import (
     DEVICE_VENDORS,
     EXAMPLE_VENDOR,
     GPU_VENDORS,

@@ -15,7 +15,7 @@ from brokerd.contract.versions import (
     parse_version,
     parse_version_range,
 )
-from brokerd.vendors import XE_ORDER
+from brokerd.devices.vendors import XE_ORDER
 
 release = st.tuples(*[st.integers(0, 30)] * 3).map(lambda t: ".".join(map(str, t)))
 local = st.sampled_from(["", "+cu121", "+cpu", "+rocm6.2"])

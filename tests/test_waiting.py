@@ -1,4 +1,4 @@
-"""The waiting room: how often the waiters in a queue hear their place (brokerd/waiting.py)."""
+"""The waiting room: how often the waiters in a queue hear their place (brokerd/core/waiting.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from brokerd.lease_model import Lease
-from brokerd.waiting import ANNOUNCE_EVERY_S, LINE_SPACING_S, QueuedUpdate, WaitingRoom
+from brokerd.core.waiting import ANNOUNCE_EVERY_S, LINE_SPACING_S, QueuedUpdate, WaitingRoom
+from brokerd.leasing.model import Lease
 
 
 class FakeManager:

@@ -4,7 +4,7 @@ breaks, bidi overrides) is written as a visible escape, so it can neither drive 
 user's terminal nor start a forged log line, and an admin still sees what was sent.
 
 The daemon keeps and sends such text exactly as it came (`--json` output shows it as
-it is); it is escaped where it is shown: the daemon's log lines (brokerd/journal.py) and
+it is); it is escaped where it is shown: the daemon's log lines (brokerd/base/journal.py) and
 the CLI's text output (vaccel/cli.py).
 """
 

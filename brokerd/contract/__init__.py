@@ -2,7 +2,7 @@
 accelerator-config.yaml, the client's own torch build) checked against each device.
 
 The lease manager sees only `Requirement` and `evaluate` here, and picks devices with
-brokerd.policy; the data model is in `model`, parsing of the contract files and the
+brokerd.leasing.selection; the data model is in `model`, parsing of the contract files and the
 individual checks in the other modules of this package. A bad contract file raises
 `ContractError` (a ValueError naming file, line and key).
 """

@@ -14,7 +14,7 @@ settings the client's accelerator applies (AMP, the memory pool).
     amp_config: {backend: native, dtype: bfloat16, grad_scaler: false}
 
 ARCH, VENDOR and the memory pool section's key come from the vendor table
-(brokerd/vendors.py). The schema, with every name spelled out, is in docs/contracts.md.
+(brokerd/devices/vendors.py). The schema, with every name spelled out, is in docs/contracts.md.
 Every error names the file, line and key.
 """
 
@@ -45,8 +45,8 @@ from brokerd.contract.versions import (
     same_capability,
     try_capability,
 )
-from brokerd.devices import Device
-from brokerd.vendors import DEVICE_VENDORS, EXAMPLE_VENDOR, MEMORY_POOL_SECTION
+from brokerd.devices.model import Device
+from brokerd.devices.vendors import DEVICE_VENDORS, EXAMPLE_VENDOR, MEMORY_POOL_SECTION
 from vaccel_common.backends import BACKEND_ALIASES, BACKENDS
 
 __all__ = ["AcceleratorConfig", "ContractError", "Criterion", "Priority",

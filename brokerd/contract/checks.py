@@ -29,8 +29,8 @@ from brokerd.contract.versions import (
     parse_driver_version,
     try_capability,
 )
-from brokerd.devices import Device
-from brokerd.vendors import NAME_PREFIX_WORDS, SERIES_WORDS
+from brokerd.devices.model import Device
+from brokerd.devices.vendors import NAME_PREFIX_WORDS, SERIES_WORDS
 from vaccel_common.backends import BACKENDS
 from vaccel_common.units import format_mib
 

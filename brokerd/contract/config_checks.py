@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from brokerd.contract.accel_config import AcceleratorConfig
 from brokerd.contract.model import CheckLine
-from brokerd.devices import Device
-from brokerd.vendors import MEMORY_POOL_SECTION, UNIFIED_MEMORY_ARCHS
+from brokerd.devices.model import Device
+from brokerd.devices.vendors import MEMORY_POOL_SECTION, UNIFIED_MEMORY_ARCHS
 from vaccel_common.backends import BACKENDS
 from vaccel_common.units import format_mib
 

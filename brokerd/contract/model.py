@@ -45,7 +45,7 @@ class Requirement:
     config: AcceleratorConfig | None = None
     facts: ClientFacts = field(default_factory=ClientFacts)
     # The last evaluation of this requirement and the devices it was made against: the
-    # daemon evaluates off its event loop (brokerd/work_guard.py), and the loop's own
+    # daemon evaluates off its event loop (brokerd/edge/work_guard.py), and the loop's own
     # `evaluate` calls then find the answer here instead of computing it again.
     memo: list[tuple[object, Evaluation]] = field(default_factory=list, init=False, compare=False, repr=False)
 

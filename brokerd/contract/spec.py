@@ -11,7 +11,7 @@
         vendor_agnostic_wheel: true        # an upstream torch build for the leased backend
         full_distribution: true            # torch.distributed with the backend's collective
 
-ARCH is an architecture as the vendor table (brokerd/vendors.py) spells it. The full
+ARCH is an architecture as the vendor table (brokerd/devices/vendors.py) spells it. The full
 schema is in docs/contracts.md. Every error names the file, line and key.
 """
 
@@ -37,7 +37,7 @@ from brokerd.contract.versions import (
     parse_driver_version,
     parse_version_range,
 )
-from brokerd.vendors import GPU_VENDORS, VENDOR_TITLES
+from brokerd.devices.vendors import GPU_VENDORS, VENDOR_TITLES
 from vaccel_common.units import parse_size_mib
 
 __all__ = ["ContractError", "Dependency", "RuntimeSpec", "parse_min_memory", "parse_runtime_spec"]

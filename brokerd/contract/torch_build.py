@@ -15,8 +15,8 @@ from __future__ import annotations
 import re
 
 from brokerd.contract.model import CheckLine, ClientFacts
-from brokerd.devices import Device
-from brokerd.vendors import UPSTREAM_TORCH_LABELS
+from brokerd.devices.model import Device
+from brokerd.devices.vendors import UPSTREAM_TORCH_LABELS
 
 WHEEL = "PyTorch wheel"
 _PRE_RELEASE = re.compile(r"\d(a|b|rc)\d+$")

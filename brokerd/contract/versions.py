@@ -4,7 +4,7 @@ Three different orders, kept apart on purpose:
 - package versions (torch, torchvision) follow PEP 440 via `packaging`;
 - driver versions ("535.54.03", "6.7.0") compare numerically component by component;
 - architectures compare only within one family, in the numbering scheme the vendor table
-  (brokerd/vendors.py) gives each vendor: numbered ones by (major, minor), stepped ones
+  (brokerd/devices/vendors.py) gives each vendor: numbered ones by (major, minor), stepped ones
   within one major only, named ones by their place in an ordered list.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from brokerd.vendors import VENDORS, NumberedArchs, OrderedArchs, SteppedArchs, Vendor
+from brokerd.devices.vendors import VENDORS, NumberedArchs, OrderedArchs, SteppedArchs, Vendor
 
 # --- package versions --------------------------------------------------------------------
 

@@ -1,0 +1,100 @@
+"""Plain read-only pictures of the broker's state, and lookups in it, for whoever shows
+them (the servicer turns them into messages). Built from the lease manager; nothing here
+changes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from brokerd.contract import Evaluation
+from brokerd.devices.model import Device, GpuProcess, ProbeVerdict
+from brokerd.leasing.errors import NotFound
+from brokerd.leasing.manager import LeaseManager
+from brokerd.leasing.model import Lease, Request
+
+
+@dataclass(frozen=True)
+class DeviceView:
+    """A device, its state, and the lease that holds it."""
+
+    device: Device
+    state: str  # free | leased | drained | busy | unhealthy | missing
+    lease: Lease | None  # the active lease holding it
+    drain_reason: str = ""
+
+
+@dataclass(frozen=True)
+class StatusView:
+    """What `vaccel status` shows."""
+
+    devices: tuple[DeviceView, ...]  # by index
+    queue: tuple[Request, ...]  # first in line first
+    unleased_processes: tuple[GpuProcess, ...]
+    probes: tuple[ProbeVerdict, ...]
+    simulated: bool
+    usage: tuple[UsageView, ...] = ()  # each user with leases or requests, against their limits
+
+
+@dataclass(frozen=True)
+class UsageView:
+    """One user's use against the limits that apply to them (`vaccel status`)."""
+
+    user: str
+    uid: int
+    policy: str
+    devices_held: int
+    max_devices: int
+    waiting: int
+    max_waiting: int
+    device_hours: float  # in the window
+    max_device_hours: float
+    window_s: float
+    fair_usage: float  # decayed device-hours: the fair queue serves the least first
+
+
+@dataclass(frozen=True)
+class CheckView:
+    """What `vaccel check` shows: the verdict, device by device."""
+
+    evaluation: Evaluation
+    devices: tuple[DeviceView, ...]  # by index
+
+
+def device_view(manager: LeaseManager, device: Device) -> DeviceView:
+    """The device as it stands now."""
+    lease_id = manager.owner.get(device.uuid)
+    return DeviceView(device, manager.device_state(device.uuid),
+                      manager.leases[lease_id] if lease_id else None, manager.drained.get(device.uuid, ""))
+
+
+def device_views(manager: LeaseManager) -> tuple[DeviceView, ...]:
+    """Every device as it stands now, by index."""
+    return tuple(device_view(manager, d) for d in sorted(manager.devices.values(), key=lambda d: d.index))
+
+
+def find_device(manager: LeaseManager, text: str) -> Device:
+    """The device `text` names: its uuid, its index, or `gpu<index>` as `vaccel status` shows."""
+    for device in manager.devices.values():
+        if text in (device.uuid, str(device.index), f"gpu{device.index}"):
+            return device
+    raise NotFound(f"no device {text!r} on this host: give its index (0, gpu0) or uuid (see `vaccel status`)")
+
+
+def leases_of(manager: LeaseManager, uid: int | None, *, include_ended: bool) -> list[Lease]:
+    """The leases of `uid` (None: everyone's), active and optionally recently ended, oldest
+    grant first."""
+    leases = list(manager.leases.values())
+    if include_ended:
+        leases += list(manager.ended.values())
+    if uid is not None:
+        leases = [lease for lease in leases if lease.holder.uid == uid]
+    return sorted(leases, key=lambda lease: lease.granted_at)
+
+
+def summary(manager: LeaseManager) -> str:
+    """One line for `systemctl status`: "1/4 GPUs leased, 0 waiting, 0 unhealthy"."""
+    devices = manager.devices
+    unhealthy = sum(1 for d in devices.values() if not d.healthy)
+    return (f"{len(manager.owner)}/{len(devices)} GPUs leased, {len(manager.queue)} waiting, "
+            f"{unhealthy} unhealthy")

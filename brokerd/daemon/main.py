@@ -1,0 +1,115 @@
+"""`vaccel-brokerd`: the command line of the daemon."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+from brokerd import __version__
+from brokerd.config.loader import DEFAULT_CONFIG_PATH, ConfigError, load_config
+
+DESCRIPTION = """\
+The vaccel broker: owns this host's GPUs and hands out exclusive, durable leases.
+
+  vaccel-brokerd                          serve (root: /run/vaccel/brokerd.sock)
+  vaccel-brokerd --inventory lab.yaml     serve simulated devices (demos, tests, CI)
+  vaccel-brokerd --probe [--json]         show what the device probes find, then exit
+  vaccel-brokerd install-units            install the systemd unit and config example
+
+Users talk to it with `vaccel status`, `vaccel run`, or `with vaccel.lease():`.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vaccel-brokerd", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("command", nargs="?", choices=["serve", "install-units"], default="serve",
+                        help="what to do (default: serve)")
+    parser.add_argument("--config", type=Path, default=None,
+                        help=f"TOML configuration file (default: {DEFAULT_CONFIG_PATH} if it exists)")
+    parser.add_argument("--socket", type=Path, default=None,
+                        help="gRPC Unix socket (default: /run/vaccel/brokerd.sock as root, else "
+                             "$XDG_RUNTIME_DIR/vaccel/brokerd.sock)")
+    parser.add_argument("--state-dir", type=Path, default=None,
+                        help="where the lease database lives (default: /var/lib/vaccel as root)")
+    parser.add_argument("--inventory", type=Path, default=None,
+                        help="serve the simulated devices of this YAML file instead of probing")
+    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None)
+    parser.add_argument("--probe", action="store_true", help="print what the probes find and exit 0")
+    parser.add_argument("--json", action="store_true", help="with --probe: machine-readable output")
+    parser.add_argument("--dest", type=Path, default=None,
+                        help="with install-units: where the unit goes (default /etc/systemd/system)")
+    parser.add_argument("--version", action="version", version=f"vaccel-brokerd {__version__}")
+    return parser
+
+
+def _probe(config_inventory: Path | None, as_json: bool) -> int:
+    from brokerd.config.loader import Config
+    from brokerd.daemon.server import inventory_source
+    from brokerd.devices.probe_report import probe_report, render_probe_text
+    from brokerd.devices.probes.simulated import InventoryError
+
+    try:
+        snapshot = inventory_source(Config(inventory=config_inventory))()
+    except InventoryError as exc:
+        print(f"vaccel-brokerd: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(probe_report(snapshot), indent=2) if as_json else render_probe_text(snapshot))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "install-units":
+        from brokerd.daemon.install_units import install_units
+
+        kwargs = {"dest": args.dest} if args.dest else {}
+        try:
+            install_units(**kwargs)
+        except PermissionError as exc:
+            print(f"vaccel-brokerd: cannot write {exc.filename}: permission denied (run it as root)",
+                  file=sys.stderr)
+            return 1
+        return 0
+    overrides = {"socket": args.socket, "state_dir": args.state_dir, "inventory": args.inventory,
+                 "log_level": args.log_level}
+    if args.config is not None and not args.config.exists():
+        print(f"vaccel-brokerd: {args.config}: no such configuration file", file=sys.stderr)
+        return 2
+    config_path = args.config or DEFAULT_CONFIG_PATH
+    try:
+        config = load_config(config_path, overrides)
+    except ConfigError as exc:
+        print(f"vaccel-brokerd: {exc}", file=sys.stderr)
+        return 2
+    if args.probe:
+        try:
+            return _probe(config.inventory, args.json)
+        except BrokenPipeError:  # `--probe | head`: the reader left, which is fine
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+
+    from brokerd.base.journal import setup_logging
+    from brokerd.daemon.server import Daemon, StartupError
+
+    setup_logging(config.log_level)
+    try:
+        return asyncio.run(Daemon(config, config_path, overrides).run())
+    except StartupError as exc:
+        print(f"vaccel-brokerd: {exc}", file=sys.stderr)
+        return 1
+    except PermissionError as exc:
+        print(f"vaccel-brokerd: cannot use {exc.filename}: permission denied (run as root for the "
+              "system paths, or pass --socket and --state-dir you own)", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

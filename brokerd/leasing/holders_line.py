@@ -1,0 +1,60 @@
+"""The holders line: who holds what, at the end of every queue update and Busy refusal.
+
+On a workstation it names each device's holder ("gpu0 alice since 10:02, gpu1 bob since
+09:41"). On a large host that line had 64 entries, ~1.6 KB, and it reached every waiter
+at every change of the queue: 500 copies a change, which nobody reads. Past
+HOLDERS_LISTED entries it counts the devices per user instead ("62 of 64 devices leased:
+alice 40, bob 20, carol 2; 1 drained, 1 unhealthy"), which is what a person asks of a
+big host: who has most of it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from brokerd.leasing.manager import LeaseManager
+
+HOLDERS_LISTED = 8  # entries named one by one; past that, devices are counted per user
+USERS_NAMED = 5  # in the counted form, the users with most devices; the rest are counted
+
+
+def holders_line(manager: LeaseManager) -> str:
+    entries: list[str] = []
+    per_user: Counter[str] = Counter()
+    others: Counter[str] = Counter()
+    for device in sorted(manager.devices.values(), key=lambda d: d.index):
+        lease_id = manager.owner.get(device.uuid)
+        if lease_id is not None:
+            lease = manager.leases[lease_id]
+            user = str(lease.holder.user or lease.holder.uid)
+            per_user[user] += 1
+            since = time.strftime("%H:%M", time.localtime(lease.granted_at))
+            entries.append(f"gpu{device.index} {user} since {since}")
+        elif device.uuid in manager.drained:
+            others["drained"] += 1
+            entries.append(f"gpu{device.index} drained: {manager.drained[device.uuid]}")
+        elif device.uuid in manager.unavailable:
+            others["busy"] += 1
+            entries.append(f"gpu{device.index} busy: {manager.unavailable[device.uuid]}")
+        elif not device.healthy:
+            others["unhealthy"] += 1
+            entries.append(f"gpu{device.index} unhealthy")
+    if len(entries) <= HOLDERS_LISTED:
+        return ", ".join(entries) if entries else "no device is leased"
+    return _counted(per_user, others, len(manager.devices))
+
+
+def _counted(per_user: Counter[str], others: Counter[str], devices: int) -> str:
+    users = sorted(per_user.items(), key=lambda item: (-item[1], item[0]))
+    if users:
+        line = f"{sum(per_user.values())} of {devices} devices leased: " + ", ".join(
+            f"{user} {count}" for user, count in users[:USERS_NAMED])
+        if len(users) > USERS_NAMED:
+            line += f" and {len(users) - USERS_NAMED} more users"
+    else:
+        line = "no device is leased"
+    rest = [f"{others[kind]} {kind}" for kind in ("drained", "busy", "unhealthy") if others[kind]]
+    return f"{line}; {', '.join(rest)}" if rest else line

@@ -1,0 +1,390 @@
+"""Durable usage accounting: one row per lease (who, which devices, granted, ended, how
+long it waited, how it ended, and its devices' utilisation where a probe reports it) in
+its own SQLite file, `accounting.db` in the state directory, kept `accounting.keep`
+(400 days) and at most `accounting.max_rows` rows.
+
+Accounting follows the lease path and never sits on it: rows are written by one writer
+thread (WAL, synchronous=NORMAL: a crash of the daemon loses nothing committed, a power
+cut may lose the last moments, which the backfill below restores from the lease store's
+own history), a failure is logged, and a lease is recorded when it ends. Leases still
+running are reported from memory with "now" as their end, so a report mid-lease is right.
+After a restart, leases the lease store saw end but this file missed (a kill -9 between
+the two) are filled in from the store's recently ended leases.
+
+Utilisation: at each probe refresh (a new snapshot object) every live lease's devices
+are sampled; a device reading 0 % counts as idle for the time since the last refresh.
+Probes that report no utilisation (simulated, CPU) leave the columns NULL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import grp
+import json
+import logging
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from brokerd.config.loader import Config
+from brokerd.devices.model import UTILISATION_KEY, Snapshot
+from brokerd.leasing.hooks import LeaseHook
+from brokerd.leasing.model import Lease
+from brokerd.state.report import STILL_ACTIVE, Report, UsageRow, build_report
+
+log = logging.getLogger("vaccel.brokerd")
+
+DB_NAME = "accounting.db"
+SCHEMA_VERSION = 1
+PRUNE_EVERY_S = 86400.0
+DEFAULT_SPAN_S = 7 * 86400.0  # a report that names no start covers the last week
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS usage (
+    lease_id TEXT PRIMARY KEY,
+    uid INTEGER NOT NULL, user TEXT NOT NULL, gid INTEGER NOT NULL,
+    devices TEXT NOT NULL,
+    granted_at REAL NOT NULL, ended_at REAL NOT NULL, wait_s REAL NOT NULL,
+    state TEXT NOT NULL, end_reason TEXT NOT NULL, reservation INTEGER NOT NULL,
+    util_mean_pct REAL, idle_device_s REAL
+);
+CREATE INDEX IF NOT EXISTS usage_ended ON usage(ended_at);
+"""
+_COLUMNS = ("lease_id, uid, user, gid, devices, granted_at, ended_at, wait_s, state, end_reason, "
+            "reservation, util_mean_pct, idle_device_s")
+
+T = TypeVar("T")
+Op = Callable[[sqlite3.Connection], Any]
+
+
+@dataclass
+class _Live:
+    """A running lease and what the probes have said about its devices so far."""
+
+    lease: Lease
+    sampled_s: float = 0.0  # device-seconds with a utilisation reading
+    util_s: float = 0.0  # utilisation percent x device-seconds
+    idle_s: float = 0.0  # device-seconds read at 0 %
+
+
+def usage_row(lease: Lease, live: _Live | None, now: float) -> UsageRow:
+    """The row a lease makes, ended or (with `now` as its end) still running."""
+    sampled = live is not None and live.sampled_s > 0
+    holder = lease.holder
+    return UsageRow(
+        lease_id=lease.id, uid=holder.uid, user=holder.user, gid=holder.gid, devices=tuple(lease.devices),
+        granted_at=lease.granted_at, ended_at=max(now if lease.active else lease.ended_at, lease.granted_at),
+        wait_s=max(0.0, lease.granted_at - lease.requested_at) if lease.requested_at else 0.0,
+        state=STILL_ACTIVE if lease.active else lease.state, end_reason=lease.end_reason,
+        reservation=lease.reservation,
+        util_mean_pct=live.util_s / live.sampled_s if sampled and live else None,
+        idle_device_s=live.idle_s if sampled and live else None,
+    )
+
+
+def _values(row: UsageRow) -> tuple:
+    return (row.lease_id, row.uid, row.user, row.gid, json.dumps(list(row.devices)), row.granted_at,
+            row.ended_at, row.wait_s, row.state, row.end_reason, int(row.reservation), row.util_mean_pct,
+            row.idle_device_s)
+
+
+def _from_db(r: tuple, devices: dict[str, tuple[str, ...]]) -> UsageRow:
+    """A stored row. A year's report decodes 100,000 of these: positional, in _COLUMNS
+    order, and each distinct device list decoded once (`devices`, a host has few)."""
+    held = devices.get(r[4])
+    if held is None:
+        held = devices[r[4]] = tuple(json.loads(r[4]))
+    return UsageRow(r[0], r[1], r[2], r[3], held, *r[5:10], bool(r[10]), r[11], r[12])
+
+
+def _open(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        # Before any table exists, so that pruning can hand freed pages back to the disk.
+        conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.executescript(_SCHEMA)
+        row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        if row is None:
+            conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        elif row[0] != str(SCHEMA_VERSION):
+            raise sqlite3.DatabaseError(f"schema version {row[0]}, this daemon knows {SCHEMA_VERSION}")
+    except sqlite3.DatabaseError:
+        conn.close()
+        raise
+    return conn
+
+
+def open_database(path: Path, clock: Callable[[], float] = time.time) -> sqlite3.Connection:
+    """Open (or create) the accounting file. One it cannot read is moved aside, kept for a
+    person to look at, and a fresh one started: accounting must never stop the daemon."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        return _open(path)
+    except sqlite3.DatabaseError as exc:
+        aside = path.with_name(f"{path.name}.unreadable-{int(clock())}")
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                Path(f"{path}{suffix}").rename(f"{aside}{suffix}")
+        log.error("accounting: %s cannot be used (%s); moved it to %s and started a new one", path, exc, aside)
+        return _open(path)
+
+
+# A lease's end row may wait this long for company before it is committed: on a busy
+# host one commit then carries many ends, and this thread leaves the cores to the lease
+# path (a lost row is put back from the lease store at start: the backfill above).
+_GATHER_S = 0.5
+
+
+class _Writer:
+    """One thread owns the connection; whatever is queued while it works goes into its
+    next transaction, so a burst of lease ends costs one commit. Rows submitted with
+    `gather` wait up to _GATHER_S for more; anything else (a report) goes at once."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+        self._ops: queue.SimpleQueue[tuple[Op, concurrent.futures.Future[Any], bool] | None] = queue.SimpleQueue()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="vaccel-accounting", daemon=True)
+        self._thread.start()
+
+    def submit(self, op: Callable[[sqlite3.Connection], T], *, gather: bool = False) -> concurrent.futures.Future[T]:
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        if self._closed:
+            future.set_exception(RuntimeError("accounting is closed"))
+        else:
+            self._ops.put((op, future, gather))
+        return future
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        if not self._closed:
+            self._closed = True
+            self._ops.put(None)
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        stop = False
+        while not stop:
+            item = self._ops.get()
+            if item is None:
+                break
+            batch = [item]
+            deadline = time.monotonic() + _GATHER_S if item[2] else 0.0
+            while True:
+                try:
+                    wait = deadline - time.monotonic()
+                    more = self._ops.get(timeout=wait) if wait > 0 else self._ops.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stop = True
+                    break
+                batch.append(more)
+                if not more[2]:
+                    deadline = 0.0  # someone waits for this one: commit now
+            self._commit([(op, future) for op, future, _ in batch])
+        self._conn.close()
+
+    def _commit(self, batch: list[tuple[Op, concurrent.futures.Future[Any]]]) -> None:
+        done: list[tuple[concurrent.futures.Future[Any], Any, BaseException | None]] = []
+        try:
+            self._conn.execute("BEGIN")
+            for op, future in batch:
+                try:
+                    done.append((future, op(self._conn), None))
+                except Exception as exc:  # this op's statement is undone, the others stand
+                    done.append((future, None, exc))
+            self._conn.execute("COMMIT")
+        except Exception as exc:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.execute("ROLLBACK")
+            done = [(future, None, exc) for _, future in batch]
+        for future, result, error in done:
+            if error is None:
+                future.set_result(result)
+            else:
+                future.set_exception(error)
+
+
+class Accounting(LeaseHook):
+    """The accounting hook: live leases in memory, ended ones on disk, reports over both."""
+
+    name = "accounting"
+
+    def __init__(
+        self,
+        state_dir: Path,
+        config: Callable[[], Config],
+        *,
+        snapshot: Callable[[], Snapshot] | None = None,
+        recently_ended: Callable[[], Iterable[Lease]] = tuple,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = Path(state_dir) / DB_NAME
+        self._config = config  # read at each use: keep, max_rows and who sees what are reloadable
+        self._snapshot = snapshot
+        self._recently_ended = recently_ended
+        self._clock = clock
+        self._writer = _Writer(open_database(self.path, clock))
+        self._live: dict[str, _Live] = {}
+        self._last_snapshot: Snapshot | None = None
+        self._last_sample_at: float | None = None
+        self._last_prune_at = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    # -- the lease's moments (on the event loop; never raise) ---------------------------
+
+    def restored(self, active: Iterable[Lease]) -> None:
+        self._live = {lease.id: _Live(lease) for lease in active}
+        now = self._clock()
+        missed = [usage_row(lease, None, now) for lease in self._recently_ended() if not lease.active]
+        if missed:
+            self._logged(self._writer.submit(lambda conn: conn.executemany(
+                f"INSERT OR IGNORE INTO usage ({_COLUMNS}) VALUES ({','.join('?' * 13)})",
+                [_values(r) for r in missed])), "the leases that ended before this start")
+        self.prune()
+
+    def granted(self, lease: Lease) -> None:
+        self._live[lease.id] = _Live(lease)
+
+    def ended(self, lease: Lease) -> None:
+        row = usage_row(lease, self._live.pop(lease.id, None), self._clock())
+        self._logged(self._writer.submit(gather=True, op=lambda conn: conn.execute(
+            f"INSERT OR REPLACE INTO usage ({_COLUMNS}) VALUES ({','.join('?' * 13)})", _values(row))),
+            f"the end of lease {lease.id}")
+
+    @staticmethod
+    def _logged(future: concurrent.futures.Future[Any], what: str) -> None:
+        def check(done: concurrent.futures.Future[Any]) -> None:
+            if done.exception() is not None:
+                log.error("accounting could not record %s: %s", what, done.exception())
+        future.add_done_callback(check)
+
+    # -- utilisation and retention -------------------------------------------------------
+
+    def sample(self) -> None:
+        """Credit each live lease's devices with what the latest probe read, for the time
+        since the previous probe (at most three refresh intervals: a longer gap is a
+        probe that was not believed, and its readings say nothing about the gap)."""
+        if self._snapshot is None:
+            return
+        snapshot, now = self._snapshot(), self._clock()
+        if snapshot is self._last_snapshot:
+            return
+        previous, self._last_snapshot, self._last_sample_at = self._last_sample_at, snapshot, now
+        if previous is None:
+            return
+        floor = max(previous, now - 3 * max(self._config().probe_interval_s, 1.0))
+        devices = snapshot.by_uuid()
+        for live in self._live.values():
+            span = now - max(floor, live.lease.granted_at)
+            if span <= 0:
+                continue
+            for uuid in live.lease.devices:
+                device = devices.get(uuid)
+                util = device.extra.get(UTILISATION_KEY) if device is not None else None
+                if isinstance(util, int | float) and not isinstance(util, bool):
+                    live.sampled_s += span
+                    live.util_s += float(util) * span
+                    if util <= 0:
+                        live.idle_s += span
+
+    def prune(self) -> concurrent.futures.Future[int]:
+        """Drop rows that ended before the keep period, then the oldest beyond the row
+        ceiling. Live leases have no row yet, so pruning never touches them."""
+        config, now = self._config(), self._clock()
+        self._last_prune_at = now
+        cutoff, ceiling = now - config.accounting_keep_s, config.accounting_max_rows
+
+        def prune(conn: sqlite3.Connection) -> int:
+            dropped = conn.execute("DELETE FROM usage WHERE ended_at < ?", (cutoff,)).rowcount
+            excess = conn.execute("SELECT COUNT(*) FROM usage").fetchone()[0] - ceiling
+            if ceiling > 0 and excess > 0:
+                dropped += conn.execute("DELETE FROM usage WHERE lease_id IN (SELECT lease_id FROM usage "
+                                        "ORDER BY ended_at LIMIT ?)", (excess,)).rowcount
+            # Hand the freed pages back to the filesystem. Python's sqlite3 steps a
+            # statement with no result columns once, and each step frees one page.
+            for _ in range(conn.execute("PRAGMA freelist_count").fetchone()[0] if dropped else 0):
+                conn.execute("PRAGMA incremental_vacuum(1)")
+            return dropped
+
+        future = self._writer.submit(prune)
+        self._logged(future, "the pruning of old rows")
+        return future
+
+    async def run(self) -> None:
+        """Sample at the probe's pace and prune once a day, until cancelled."""
+        while True:
+            await asyncio.sleep(max(self._config().probe_interval_s, 0.5))
+            try:
+                self.sample()
+                if self._clock() - self._last_prune_at >= PRUNE_EVERY_S:
+                    self.prune()
+            except Exception:
+                log.exception("accounting: sampling failed")
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self.run(), name="accounting")
+
+    async def close(self) -> None:
+        """Stop sampling, commit what is queued, close the file."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await asyncio.get_running_loop().run_in_executor(None, self._writer.close)
+
+    # -- reports ---------------------------------------------------------------------------
+
+    def _query(self, since: float, until: float, by: str, viewer_uid: int, viewer_is_admin: bool
+               ) -> concurrent.futures.Future[Report]:
+        now = self._clock()
+        until = until or now
+        since = since or until - DEFAULT_SPAN_S
+        # Copied here, on the caller's thread: the writer thread never reads live state.
+        live = [usage_row(live.lease, live, now) for live in list(self._live.values()) if live.lease.active]
+        everyone = viewer_is_admin or self._config().accounting_per_user_report == "everyone"
+
+        def build(conn: sqlite3.Connection) -> Report:
+            stored = conn.execute(f"SELECT {_COLUMNS} FROM usage WHERE ended_at >= ? AND granted_at < ?",
+                                  (since, until))
+            live_ids = {row.lease_id for row in live}
+            devices: dict[str, tuple[str, ...]] = {}
+            rows = [*live, *(r for r in (_from_db(s, devices) for s in stored) if r.lease_id not in live_ids)]
+            return build_report(rows, since, until, by, _group_names(), None if everyone else viewer_uid)
+
+        return self._writer.submit(build)
+
+    def report(self, since: float, until: float, by: str, viewer_uid: int, viewer_is_admin: bool) -> Report:
+        """The figures for [since, until) (0 = a week before `until`; 0 = now) as
+        `viewer_uid` may see them. Blocks on the database: call it off the event loop,
+        or await `areport` on it."""
+        return self._query(since, until, by, viewer_uid, viewer_is_admin).result()
+
+    async def areport(self, since: float, until: float, by: str, viewer_uid: int, viewer_is_admin: bool) -> Report:
+        """`report` for the event loop: the query runs on the writer thread."""
+        return await asyncio.wrap_future(self._query(since, until, by, viewer_uid, viewer_is_admin))
+
+
+def _group_names() -> Callable[[int], str]:
+    """gid -> group name, looked up once per report (the lookup may go to LDAP)."""
+    names: dict[int, str] = {}
+
+    def name(gid: int) -> str:
+        if gid not in names:
+            try:
+                names[gid] = grp.getgrgid(gid).gr_name
+            except (KeyError, OverflowError):
+                names[gid] = str(gid)
+        return names[gid]
+
+    return name

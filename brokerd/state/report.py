@@ -1,0 +1,206 @@
+"""Usage figures over a period, from the accounting rows (brokerd/state/accounting.py): pure
+functions of their inputs, so the report's arithmetic is tested without a daemon.
+
+One population per row: the leases that held devices at some moment of the row's
+period. Their device-hours (and idle device-hours) are clipped to the period; their
+waits give the percentiles; each is counted once under its end state ("active" while it
+runs), so a row's end reasons add up to its leases. `by="day"` splits a lease across the
+local days it spans.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+BY = ("user", "group", "device", "day")
+STILL_ACTIVE = "active"  # the end state a report shows for a lease that still runs
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    """One lease as accounting keeps it. `ended_at` is the report's "now" for a lease that
+    still runs (state "active"); `idle_device_s` is None where no probe reported
+    utilisation for its devices."""
+
+    lease_id: str
+    uid: int
+    user: str
+    gid: int
+    devices: tuple[str, ...]
+    granted_at: float
+    ended_at: float
+    wait_s: float
+    state: str
+    end_reason: str = ""
+    reservation: bool = False
+    util_mean_pct: float | None = None
+    idle_device_s: float | None = None
+
+
+@dataclass(frozen=True)
+class ReportRow:
+    key: str
+    device_hours: float = 0.0
+    leases: int = 0
+    wait_p50_s: float = 0.0
+    wait_p90_s: float = 0.0
+    wait_max_s: float = 0.0
+    idle_device_hours: float = 0.0
+    end_reasons: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Report:
+    since: float
+    until: float
+    by: str
+    rows: tuple[ReportRow, ...]
+    total: ReportRow
+    rows_hidden: bool = False  # per-user rows of other users were withheld from this viewer
+
+
+def percentile(values: Sequence[float], q: int) -> float:
+    """Nearest rank, as bench/stats.py: the ceil(q/100 * n)-th smallest value (integer
+    arithmetic, so p90 of 10 values is the 9th, never the 10th); 0.0 for none."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = -(-q * len(ordered) // 100)
+    return ordered[min(max(rank, 1), len(ordered)) - 1]
+
+
+def day_start(ts: float) -> float:
+    """Local midnight at or before `ts` (a day is 23 or 25 hours across a DST change)."""
+    t = time.localtime(ts)
+    return time.mktime((t.tm_year, t.tm_mon, t.tm_mday, 0, 0, 0, 0, 0, -1))
+
+
+def _next_day(start: float) -> float:
+    # Noon of the day plus a day lands safely inside the next day whatever DST does.
+    return day_start(start + 36 * 3600)
+
+
+def _day_key(start: float) -> str:
+    return time.strftime("%Y-%m-%d", time.localtime(start))
+
+
+class _Tally:
+    """A row being summed: clipped hours, and each lease's wait and end state once."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.idle_seconds = 0.0
+        self.waits: dict[str, float] = {}
+        self.ends: dict[str, str] = {}
+
+    def add(self, row: UsageRow, start: float, end: float, devices: int) -> None:
+        span = end - start
+        self.seconds += devices * span
+        if row.idle_device_s is not None:
+            full = row.ended_at - row.granted_at
+            # Idle time is kept per lease, not per moment: a clipped share is pro rata.
+            share = span / full if full > 0 else 0.0
+            self.idle_seconds += row.idle_device_s * share * devices / len(row.devices)
+        self.waits[row.lease_id] = row.wait_s
+        self.ends[row.lease_id] = row.state
+
+    def row(self, key: str) -> ReportRow:
+        waits = list(self.waits.values())
+        reasons: dict[str, int] = {}
+        for state in self.ends.values():
+            reasons[state] = reasons.get(state, 0) + 1
+        return ReportRow(key=key, device_hours=self.seconds / 3600, leases=len(waits),
+                         wait_p50_s=percentile(waits, 50), wait_p90_s=percentile(waits, 90),
+                         wait_max_s=max(waits, default=0.0), idle_device_hours=self.idle_seconds / 3600,
+                         end_reasons=dict(sorted(reasons.items())))
+
+
+def _clip(row: UsageRow, since: float, until: float) -> tuple[float, float] | None:
+    """The part of the lease inside [since, until), None when it has none. Half open, so
+    a lease that ends at midnight is not one of the next day's; a lease that lasted no
+    time at all (refused at its grant) belongs to the period it happened in."""
+    if row.ended_at > row.granted_at:
+        inside = row.granted_at < until and row.ended_at > since
+    else:
+        inside = since <= row.granted_at < until
+    return (max(row.granted_at, since), min(max(row.ended_at, row.granted_at), until)) if inside else None
+
+
+class _Days:
+    """The local midnights of a period, found once: a lease finds its days by bisection
+    (mktime for each of 100,000 leases was most of a year's report)."""
+
+    def __init__(self, since: float, until: float) -> None:
+        self.starts = [day_start(since)]
+        while self.starts[-1] < until:
+            self.starts.append(_next_day(self.starts[-1]))
+        self.keys = [_day_key(s) for s in self.starts]
+
+    def add(self, tallies: dict[str, _Tally], row: UsageRow, start: float, end: float) -> None:
+        i = bisect.bisect_right(self.starts, start) - 1
+        while True:
+            following = self.starts[i + 1]
+            tallies.setdefault(self.keys[i], _Tally()).add(row, start, min(end, following), len(row.devices))
+            if end <= following:
+                return
+            i, start = i + 1, following
+
+
+def build_report(
+    rows: Iterable[UsageRow],
+    since: float,
+    until: float,
+    by: str,
+    group_of: Callable[[int], str],
+    hide_other_users_for_uid: int | None,
+) -> Report:
+    """The figures for [since, until] keyed `by` user, group, device or day. With
+    `hide_other_users_for_uid`, per-person rows (by user, by group) count only that
+    user's leases; the total always counts everyone's."""
+    if by not in BY:
+        raise ValueError(f"by must be one of {', '.join(BY)}, got {by!r}")
+    total = _Tally()
+    tallies: dict[str, _Tally] = {}
+    hidden = False
+    personal = by in ("user", "group")
+    days = _Days(since, until) if by == "day" else None
+    for row in rows:
+        clipped = _clip(row, since, until)
+        if clipped is None:
+            continue
+        start, end = clipped
+        total.add(row, start, end, len(row.devices))
+        if personal and hide_other_users_for_uid is not None and row.uid != hide_other_users_for_uid:
+            hidden = True
+            continue
+        if by == "user":
+            tallies.setdefault(row.user or str(row.uid), _Tally()).add(row, start, end, len(row.devices))
+        elif by == "group":
+            tallies.setdefault(group_of(row.gid), _Tally()).add(row, start, end, len(row.devices))
+        elif by == "device":
+            for uuid in row.devices:
+                tallies.setdefault(uuid, _Tally()).add(row, start, end, 1)
+        elif days is not None:
+            days.add(tallies, row, start, end)
+    keyed = sorted(tallies.items()) if by == "day" else sorted(
+        tallies.items(), key=lambda item: (-item[1].seconds, item[0]))
+    return Report(since=since, until=until, by=by, rows=tuple(t.row(k) for k, t in keyed),
+                  total=total.row("total"), rows_hidden=hidden)
+
+
+def row_json(row: ReportRow) -> dict[str, Any]:
+    return {"key": row.key, "device_hours": round(row.device_hours, 6), "leases": row.leases,
+            "wait_p50_s": round(row.wait_p50_s, 3), "wait_p90_s": round(row.wait_p90_s, 3),
+            "wait_max_s": round(row.wait_max_s, 3), "idle_device_hours": round(row.idle_device_hours, 6),
+            "end_reasons": dict(row.end_reasons)}
+
+
+def report_json(report: Report) -> dict[str, Any]:
+    """The `vaccel report --json` shape (DESIGN.md, "Interface, second round")."""
+    return {"since": report.since, "until": report.until, "by": report.by,
+            "rows": [row_json(r) for r in report.rows], "total": row_json(report.total),
+            "rows_hidden": report.rows_hidden}
