@@ -162,11 +162,11 @@ def test_printable_escapes_control_bytes_visibly():
 
 
 def test_the_cli_text_output_escapes_what_others_set():
-    from vaccel import cli
+    from vaccel import cli_common as cli
 
-    table = cli._table([["l-1", "mallory", "\x1b]0;t\x07evil a\nb"]], ["LEASE", "USER", "COMMAND"])
+    table = cli.table([["l-1", "mallory", "\x1b]0;t\x07evil a\nb"]], ["LEASE", "USER", "COMMAND"])
     assert table.splitlines()[1] == "l-1    mallory  \\x1b]0;t\\x07evil a\\x0ab"
-    assert cli._shown("queue:\n  1. bob \x1b[2J") == "queue:\n  1. bob \\x1b[2J"
+    assert cli.shown("queue:\n  1. bob \x1b[2J") == "queue:\n  1. bob \\x1b[2J"
 
 
 def test_log_lines_cannot_be_forged(caplog):

@@ -14,19 +14,27 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from vaccel.cli_common import (
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    CliError,
+    connection,
+    devices_arg,
+    refused,
+    rpc,
+    shown,
+    signal_number,
+    since,
+    size_arg,
+    table,
+    to_dict,
+    wait_arg,
+)
 from vaccel.cli_parser import Parser, RawDescriptionHelpFormatter
-from vaccel.connection import BrokerConnection, BrokerUnavailable
-from vaccel.grpc_lazy import grpc
 from vaccel.lease_types import LeaseError
 from vaccel_common import status_json as status_shape
-from vaccel_common.text import printable
-from vaccel_common.units import format_duration, parse_duration, parse_size_mib
+from vaccel_common.units import parse_duration
 from vaccel_common.v1 import broker_pb2 as pb
-
-EXIT_REFUSED = 1
-EXIT_USAGE = 2
-EXIT_UNAVAILABLE = 69  # sysexits EX_UNAVAILABLE: the broker cannot be reached
-EXIT_TEMPFAIL = 75  # sysexits EX_TEMPFAIL: busy with --no-wait, or --wait ran out
 
 DESCRIPTION = """\
 Share this host's GPUs without fighting over them: exclusive leases from vaccel-brokerd.
@@ -45,51 +53,6 @@ exit status: run exits with the command's status; 1 refused, 2 bad usage or file
 """
 
 
-class CliError(Exception):
-    def __init__(self, message: str, code: int = EXIT_REFUSED) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def _connection(args: argparse.Namespace) -> BrokerConnection:
-    return BrokerConnection(args.socket)
-
-
-def _rpc(conn: BrokerConnection, method: str, request: Any) -> Any:
-    try:
-        return conn.call(method, request, retry_unavailable_s=2.0)
-    except BrokerUnavailable as exc:
-        raise CliError(str(exc), EXIT_UNAVAILABLE) from None
-    except grpc.RpcError as exc:
-        code = EXIT_USAGE if exc.code() == grpc.StatusCode.INVALID_ARGUMENT else EXIT_REFUSED
-        raise CliError(exc.details() or exc.code().name, code) from None
-
-
-def _to_dict(msg: Any) -> dict[str, Any]:
-    return status_shape.message_dict(msg)
-
-
-def _since(ts: float) -> str:
-    if not ts:
-        return "-"
-    age = time.time() - ts
-    return f"{time.strftime('%H:%M', time.localtime(ts))} ({format_duration(age)} ago)"
-
-
-def _shown(text: str) -> str:
-    """Text for a terminal: commands and names come from other users' processes exactly
-    as they set them (--json keeps them so); here nothing unprintable gets through."""
-    return "\n".join(printable(line) for line in text.split("\n"))
-
-
-def _table(rows: list[list[str]], header: list[str]) -> str:
-    rows = [[printable(str(c)) for c in r] for r in rows]
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-             for r in [header, *rows]]
-    return "\n".join(lines)
-
-
 # -- status ----------------------------------------------------------------------------
 
 
@@ -99,13 +62,13 @@ def status_json(reply: pb.StatusReply) -> dict[str, Any]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    reply = _rpc(_connection(args), "Status", pb.StatusRequest())
+    reply = rpc(connection(args), "Status", pb.StatusRequest())
     if args.json:
         print(json.dumps(status_json(reply), indent=2))
         return 0
     from vaccel.status_text import render_status
 
-    print(_shown(render_status(reply)))
+    print(shown(render_status(reply)))
     return 0
 
 
@@ -113,14 +76,14 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def lease_json(lease: pb.Lease) -> dict[str, Any]:
-    item = _to_dict(lease)
+    item = to_dict(lease)
     item["devices"] = [d.uuid for d in lease.devices]
     return item
 
 
 def cmd_leases(args: argparse.Namespace) -> int:
     request = pb.ListLeasesRequest(all=args.all, include_ended=args.ended)
-    reply = _rpc(_connection(args), "ListLeases", request)
+    reply = rpc(connection(args), "ListLeases", request)
     if args.json:
         print(json.dumps({"leases": [lease_json(lease) for lease in reply.leases]}, indent=2))
         return 0
@@ -128,10 +91,10 @@ def cmd_leases(args: argparse.Namespace) -> int:
         print("no leases" + ("" if args.all else " of yours (--all: everyone's, admins only)"))
         return 0
     rows = [[lease.id, lease.holder.user, str(lease.holder.pid),
-             ",".join(f"gpu{d.index}" for d in lease.devices), lease.backend, _since(lease.granted_at),
+             ",".join(f"gpu{d.index}" for d in lease.devices), lease.backend, since(lease.granted_at),
              lease.state + (f" ({lease.end_reason})" if lease.end_reason else ""), lease.holder.command[:40]]
             for lease in reply.leases]
-    print(_shown(_table(rows, ["LEASE", "USER", "PID", "DEVICES", "BACKEND", "SINCE", "STATE", "COMMAND"])))
+    print(shown(table(rows, ["LEASE", "USER", "PID", "DEVICES", "BACKEND", "SINCE", "STATE", "COMMAND"])))
     return 0
 
 
@@ -142,13 +105,13 @@ def cmd_release(args: argparse.Namespace) -> int:
             grace = parse_duration(args.grace)
         except ValueError as exc:
             raise CliError(f"--grace: {exc}", EXIT_USAGE) from None
-    reply = _rpc(_connection(args), "Release", pb.ReleaseRequest(lease_id=args.lease_id, reason=args.reason or "",
+    reply = rpc(connection(args), "Release", pb.ReleaseRequest(lease_id=args.lease_id, reason=args.reason or "",
                                                                  grace_s=grace))
     if args.json:
         print(json.dumps(lease_json(reply), indent=2))
     elif reply.state == "active":
         print(f"{reply.id}: ends at {time.strftime('%H:%M:%S', time.localtime(reply.expires_at))}; "
-              f"its holder has been told: {_shown(reply.notice)}")
+              f"its holder has been told: {shown(reply.notice)}")
     else:
         print(f"{reply.id}: {reply.state} ({reply.end_reason}); "
               f"{len(reply.devices)} device(s) back in the pool")
@@ -157,9 +120,9 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 def cmd_drain(args: argparse.Namespace) -> int:
     request = pb.DrainRequest(device=args.device, undo=args.undo, reason=args.reason or "")
-    reply = _rpc(_connection(args), "Drain", request)
+    reply = rpc(connection(args), "Drain", request)
     if args.json:
-        print(json.dumps(_to_dict(reply), indent=2))
+        print(json.dumps(to_dict(reply), indent=2))
     elif args.undo:
         print(f"gpu{reply.index} ({reply.name}) is back in the pool: {reply.state}")
     else:
@@ -183,25 +146,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     request = pb.CheckRequest(
         runtime_spec_yaml=files.spec_text, runtime_spec_name=files.spec_name,
         accelerator_config_yaml=files.config_text, accelerator_config_name=files.config_name,
-        gpus=args.gpus, min_memory_mib=_size(args.min_memory),
+        gpus=args.gpus, min_memory_mib=size_arg(args.min_memory),
     )
     request.client.CopyFrom(gather_facts(files.packages))
-    reply = _rpc(_connection(args), "Check", request)
-    print(json.dumps(_to_dict(reply), indent=2) if args.json else render_check(reply))
+    reply = rpc(connection(args), "Check", request)
+    print(json.dumps(to_dict(reply), indent=2) if args.json else render_check(reply))
     return check_exit_code(reply)
-
-
-def _size(text: str | None) -> int:
-    if text is None:
-        return 0
-    if text.strip().replace(".", "", 1).isdigit():
-        # A bare number would be bytes: `--min-memory 20` almost always means 20 GiB.
-        raise CliError(f"--min-memory {text.strip()}: give a unit, e.g. {text.strip()}GiB or {text.strip()}MiB",
-                       EXIT_USAGE)
-    try:
-        return parse_size_mib(text)
-    except ValueError as exc:
-        raise CliError(str(exc), EXIT_USAGE) from None
 
 
 # -- run -------------------------------------------------------------------------------
@@ -218,7 +168,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.lease and (devices or args.time or args.gpus is not None):
         raise CliError("--lease runs inside an existing lease: --gpus, --device and --time belong to "
                        "the lease (vaccel reserve), not to the run", EXIT_USAGE)
-    warn_signal = _signal_number(args.signal)
+    warn_signal = signal_number(args.signal)
     if not args.lease:  # a login node in [slurm] mode = "submit": Slurm runs it (vaccel/slurm_submit.py)
         from vaccel.slurm_submit import run_from_cli
 
@@ -229,7 +179,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     try:
         return run_under_lease(
-            command, gpus=gpus, min_memory_mib=_size(args.min_memory), contract=args.contract,
+            command, gpus=gpus, min_memory_mib=size_arg(args.min_memory), contract=args.contract,
             config=args.config, wait=wait, socket=args.socket, quiet=args.quiet, time_limit=args.time,
             devices=devices, lease_id=args.lease or "", warn_signal=warn_signal,
         )
@@ -241,52 +191,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliError(str(exc), EXIT_USAGE) from None
     except LeaseError as exc:
         raise refused(exc) from None
-
-
-# What `run` and `reserve` share: how many devices, how long to wait, how a refusal exits.
-
-
-def devices_arg(args: argparse.Namespace) -> tuple[int, tuple[str, ...]]:
-    """(gpus, devices) from --gpus and --device: --gpus defaults to as many as named."""
-    devices = tuple(args.device or ())
-    gpus = args.gpus if args.gpus is not None else max(1, len(devices))
-    if gpus < 1:
-        raise CliError(f"--gpus must be at least 1, got {gpus}", EXIT_USAGE)
-    if devices and gpus > len(devices):
-        raise CliError(f"--gpus {gpus} but only {len(devices)} --device named: name at least as many", EXIT_USAGE)
-    return gpus, devices
-
-
-def wait_arg(args: argparse.Namespace) -> bool | float:
-    """--wait DURATION / --no-wait: True waits for as long as it takes."""
-    if args.no_wait and args.wait is not None:
-        raise CliError("--wait and --no-wait contradict each other", EXIT_USAGE)
-    if args.wait is None:
-        return not args.no_wait
-    try:
-        return parse_duration(args.wait)
-    except ValueError as exc:
-        raise CliError(str(exc), EXIT_USAGE) from None
-
-
-def refused(exc: LeaseError) -> CliError:
-    """A lease refusal as the CLI's error, with the exit status scripts rely on."""
-    code = {"resource_exhausted": EXIT_TEMPFAIL, "deadline_exceeded": EXIT_TEMPFAIL,
-            "unavailable": EXIT_UNAVAILABLE, "invalid_argument": EXIT_USAGE}.get(exc.code, EXIT_REFUSED)
-    return CliError(str(exc), code)
-
-
-def _signal_number(name: str) -> int | None:
-    """--signal USR1 / SIGUSR1 / 10 / none."""
-    import signal
-
-    if name.lower() == "none":
-        return None
-    try:
-        return int(signal.Signals(int(name)) if name.isdigit() else signal.Signals[
-            name.upper() if name.upper().startswith("SIG") else f"SIG{name.upper()}"])
-    except (KeyError, ValueError):
-        raise CliError(f"--signal {name!r} is not a signal name (USR1, SIGUSR2, TERM, none)", EXIT_USAGE) from None
 
 
 # -- parser ----------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import json
 import time
 from typing import Any
 
+from vaccel.cli_common import EXIT_USAGE, CliError, connection, rpc, shown, table
 from vaccel_common.units import format_duration, parse_duration
 from vaccel_common.v1 import broker_pb2 as pb
 
@@ -42,8 +43,6 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 def _date(text: str, option: str, *, end: bool) -> float:
     from datetime import datetime, timedelta  # here, not at the top: every `vaccel run` imports this module
 
-    from vaccel.cli import EXIT_USAGE, CliError
-
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
@@ -56,8 +55,6 @@ def _date(text: str, option: str, *, end: bool) -> float:
 
 def period(args: argparse.Namespace, now: float) -> tuple[float, float]:
     """(since, until) in Unix time from the options; 0 leaves the choice to the broker."""
-    from vaccel.cli import EXIT_USAGE, CliError
-
     if args.since is not None and (args.start is not None or args.end is not None):
         raise CliError("give either --since or --from/--to, not both", EXIT_USAGE)
     if args.since is not None:
@@ -111,8 +108,6 @@ def _when(ts: float) -> str:
 
 
 def render_table(reply: pb.ReportReply, names: dict[str, str]) -> str:
-    from vaccel.cli import _table
-
     def cells(key: str, row: pb.ReportRow) -> list[str]:
         return [key, f"{row.device_hours:.2f}", str(row.leases), format_duration(row.wait_p50_s),
                 format_duration(row.wait_p90_s), format_duration(row.wait_max_s),
@@ -123,7 +118,7 @@ def render_table(reply: pb.ReportReply, names: dict[str, str]) -> str:
     rows = [cells(names.get(r.key, r.key), r) for r in reply.rows]
     rows.append(cells("TOTAL", reply.total))
     header = [reply.by.upper(), "DEVICE-HOURS", "LEASES", "WAIT P50", "WAIT P90", "WAIT MAX", "IDLE DEV-H", "ENDS"]
-    out = [head, _table(rows, header)]
+    out = [head, table(rows, header)]
     if reply.rows_hidden:
         out.append("(other users' rows are shown to root and the admin group only; the total counts everyone)")
     return "\n".join(out)
@@ -131,25 +126,21 @@ def render_table(reply: pb.ReportReply, names: dict[str, str]) -> str:
 
 def _device_names(args: argparse.Namespace) -> dict[str, str]:
     """uuid -> "gpu0 (uuid)" for the devices the broker has now, for a readable table."""
-    from vaccel.cli import CliError, _connection, _rpc
-
     try:
-        status = _rpc(_connection(args), "Status", pb.StatusRequest())
+        status = rpc(connection(args), "Status", pb.StatusRequest())
     except CliError:
         return {}
     return {d.uuid: f"gpu{d.index} ({d.uuid})" for d in status.devices}
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from vaccel.cli import _connection, _rpc, _shown
-
     since, until = period(args, time.time())
-    reply = _rpc(_connection(args), "Report", pb.ReportRequest(since=since, until=until, by=args.by))
+    reply = rpc(connection(args), "Report", pb.ReportRequest(since=since, until=until, by=args.by))
     if args.json:
         print(json.dumps(report_json(reply), indent=2))
     elif args.csv:
         print(render_csv(reply), end="")
     else:
         names = _device_names(args) if args.by == "device" else {}
-        print(_shown(render_table(reply, names)))
+        print(shown(render_table(reply, names)))
     return 0

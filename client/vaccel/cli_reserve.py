@@ -51,7 +51,7 @@ def reservation_json(held: Any) -> dict[str, Any]:
 
 
 def cmd_reserve(args: argparse.Namespace) -> int:
-    from vaccel.cli import EXIT_USAGE, CliError, _size, devices_arg, refused, wait_arg
+    from vaccel.cli_common import EXIT_USAGE, CliError, devices_arg, refused, size_arg, wait_arg
     from vaccel.contract_files import ContractFileError
     from vaccel.lease_types import LeaseError
     from vaccel.runner import queue_printer
@@ -61,7 +61,7 @@ def cmd_reserve(args: argparse.Namespace) -> int:
     gpus, devices = devices_arg(args)
     wait = wait_arg(args)
     try:
-        request = LeaseRequest(gpus=gpus, min_memory_mib=_size(args.min_memory), wait=wait,
+        request = LeaseRequest(gpus=gpus, min_memory_mib=size_arg(args.min_memory), wait=wait,
                                contract=args.contract, command="vaccel reserve", time=args.time,
                                devices=devices, reservation=True)
     except ValueError as exc:

@@ -44,13 +44,13 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 
 def cmd_shell(args: argparse.Namespace) -> int:
-    from vaccel import cli
+    from vaccel import cli_common as cli
     from vaccel.lease_types import Lease
     from vaccel_common.v1 import broker_pb2 as pb
 
-    conn = cli._connection(args)
-    lease_id = args.lease_id or pick_lease(cli._rpc(conn, "ListLeases", pb.ListLeasesRequest()).leases)
-    held = Lease(cli._rpc(conn, "Join", pb.LeaseRef(lease_id=lease_id)), joined=True)
+    conn = cli.connection(args)
+    lease_id = args.lease_id or pick_lease(cli.rpc(conn, "ListLeases", pb.ListLeasesRequest()).leases)
+    held = Lease(cli.rpc(conn, "Join", pb.LeaseRef(lease_id=lease_id)), joined=True)
     conn.close()  # its socket is close-on-exec; the channel's threads end with the exec
     shell = login_shell()
     env = shell_env(held, shell)
@@ -66,7 +66,7 @@ def cmd_shell(args: argparse.Namespace) -> int:
 def pick_lease(leases: Any) -> str:
     """The lease to enter when none is named: the one this process already runs inside,
     else the only reservation, else the only lease; several: say which there are."""
-    from vaccel import cli
+    from vaccel import cli_common as cli
 
     active = [lease for lease in leases if lease.state == "active"]
     inherited = os.environ.get("VACCEL_LEASE_ID", "")
@@ -81,7 +81,7 @@ def pick_lease(leases: Any) -> str:
     lines = [f"you hold {len(candidates)} {kind}; name one: vaccel shell LEASE_ID"]
     lines += [f"  {lease.id}  {_devices(lease.devices)}  {_left(lease.expires_at)}  {lease.holder.command[:40]}"
               for lease in candidates]
-    raise cli.CliError(cli._shown("\n".join(lines)))
+    raise cli.CliError(cli.shown("\n".join(lines)))
 
 
 def _devices(devices: Any) -> str:

@@ -145,7 +145,7 @@ def _watch(comment: str, partition: str, seen: _Seen, done: threading.Event, qui
 def run(command: list[str], submit: SubmitSettings, *, gpus: int, time_limit_s: float, wait: bool | float,
         quiet: bool = False, contract: str | None = None, config: str | None = None) -> int:
     """Run `command` in a Slurm allocation of `gpus` GPUs; return its exit status."""
-    from vaccel.cli import EXIT_REFUSED, EXIT_TEMPFAIL
+    from vaccel.cli_common import EXIT_REFUSED, EXIT_TEMPFAIL
 
     comment = f"vaccel-submit-{os.urandom(6).hex()}"
     argv = srun_argv(command, submit, gpus=gpus, time_limit_s=time_limit_s, wait=wait, comment=comment,
@@ -205,7 +205,7 @@ def run_from_cli(args: argparse.Namespace, command: list[str], gpus: int, device
                  wait: bool | float) -> int | None:
     """`vaccel run` on a login node in submit mode: CMD's exit status; None when this host
     is not in submit mode (the broker is asked as usual)."""
-    from vaccel.cli import EXIT_UNAVAILABLE, EXIT_USAGE, CliError
+    from vaccel.cli_common import EXIT_UNAVAILABLE, EXIT_USAGE, CliError
     from vaccel_common.units import parse_duration
 
     try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from vaccel.cli import _since, _table
+from vaccel.cli_common import since, table
 from vaccel_common.units import format_duration, format_mib
 from vaccel_common.v1 import broker_pb2 as pb
 
@@ -35,8 +35,8 @@ def render_status(reply: pb.StatusReply) -> str:
         if reply.enforcement == "acl" and not d.gated:
             state = f"{state} (NOT GATED: {d.gate_reason})"
         rows.append([f"gpu{d.index}", d.name, format_mib(d.memory_mib), d.arch, state, holder,
-                     _since(d.since) if d.lease_id else "", d.lease_id])
-    out.append(_table(rows, ["GPU", "NAME", "MEMORY", "ARCH", "STATE", "HOLDER", "SINCE", "LEASE"]))
+                     since(d.since) if d.lease_id else "", d.lease_id])
+    out.append(table(rows, ["GPU", "NAME", "MEMORY", "ARCH", "STATE", "HOLDER", "SINCE", "LEASE"]))
     if reply.queue:
         out.append("")
         out.append(f"queue ({len(reply.queue)} waiting):")

@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 
 def cmd_kernel_install(args: argparse.Namespace) -> int:
-    from vaccel import cli
+    from vaccel import cli_common as cli
     from vaccel.kernel import install
     from vaccel_common.units import parse_duration
 
