@@ -518,13 +518,13 @@ def test_the_free_devices_are_listed_once_per_ask_and_once_per_pump(monkeypatch)
     # more for every request it tried, though it keeps its own list as it grants.
     m, _clock = manager(64)
     listed: list[int] = []
-    plain = m._free
+    plain = m.holdings.free
 
     def counted() -> list:
         listed.append(1)
         return plain()
 
-    monkeypatch.setattr(m, "_free", counted)
+    monkeypatch.setattr(m.holdings, "free", counted)
     granted(m.submit(ALICE, Requirement(1), wait=False))
     assert len(listed) == 1, f"one grant at once listed the free devices {len(listed)} times"
     hog = granted(m.submit(BOB, Requirement(62), wait=False))

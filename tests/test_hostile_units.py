@@ -135,7 +135,7 @@ def test_a_request_blocked_by_its_own_users_lease_reserves_nothing():
     alice, bob = _holder(1001, 10), _holder(1002, 20)
     manager.submit(alice, Requirement(gpus=1), wait=False)
     queued = manager.submit(_holder(1001, 11), Requirement(gpus=2), wait=True)
-    assert manager.blocked_by_own_leases(queued)
+    assert manager.waiting.blocked_by_own_leases(queued)
     granted = manager.submit(bob, Requirement(gpus=1), wait=False)  # old rule: Busy, gpu1 kept for alice
     assert granted.holder.uid == 1002
     manager.check_invariants()
@@ -146,7 +146,7 @@ def test_a_request_another_user_blocks_still_reserves_in_fifo_order():
     manager = LeaseManager(devices)
     manager.submit(_holder(1001, 10), Requirement(gpus=1), wait=False)
     queued = manager.submit(_holder(1002, 20), Requirement(gpus=2), wait=True)
-    assert not manager.blocked_by_own_leases(queued)
+    assert not manager.waiting.blocked_by_own_leases(queued)
     with pytest.raises(Busy):
         manager.submit(_holder(1003, 30), Requirement(gpus=1), wait=False)
 

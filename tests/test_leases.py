@@ -80,12 +80,12 @@ def test_fifo_queue_and_positions():
     r1 = m.submit(BOB, Requirement(1), wait=True)
     r2 = m.submit(CAROL, Requirement(1), wait=True)
     assert isinstance(r1, Request) and isinstance(r2, Request)
-    assert m.queue_position(r1.id) == (1, 2)
-    assert m.queue_position(r2.id) == (2, 2)
+    assert m.waiting.position(r1.id) == (1, 2)
+    assert m.waiting.position(r2.id) == (2, 2)
     m.release(first.id, ALICE.uid)
     grants = m.pump()
     assert [g.request.id for g in grants] == [r1.id]
-    assert m.queue_position(r2.id) == (1, 1)
+    assert m.waiting.position(r2.id) == (1, 1)
 
 
 def test_newcomer_does_not_jump_the_queue():

@@ -34,7 +34,7 @@ def _end(child: subprocess.Popen[bytes]) -> None:
 def test_a_released_process_keeps_its_pidfd_and_is_still_told_of_its_exit():
     async def scenario() -> list[ProcessId]:
         exited: list[ProcessId] = []
-        watcher = ProcessWatcher(asyncio.get_running_loop(), exited.append)
+        watcher = ProcessWatcher(exited.append, asyncio.get_running_loop())
         child, process = _child()
         try:
             assert watcher.watch(process)
@@ -58,7 +58,7 @@ def test_lingering_pidfds_are_bounded_least_recent_first(monkeypatch):
     monkeypatch.setattr(liveness, "LINGER", 2)
 
     async def scenario() -> None:
-        watcher = ProcessWatcher(asyncio.get_running_loop(), lambda _p: None)
+        watcher = ProcessWatcher(lambda _p: None, asyncio.get_running_loop())
         children = [_child() for _ in range(3)]
         try:
             for _, process in children:
@@ -88,7 +88,7 @@ def test_a_token_is_refused_once_its_watched_process_exits():
         return start_time(pid)
 
     async def scenario() -> None:
-        watcher = ProcessWatcher(asyncio.get_running_loop(), lambda _p: None)
+        watcher = ProcessWatcher(lambda _p: None, asyncio.get_running_loop())
         authority = TokenAuthority(b"k" * 32, 600, started_at=started_at)
         authority.alive = watcher.alive
         token, _ = authority.mint(Identity(os.getuid(), os.getgid(), process.pid, process.start_time))

@@ -45,7 +45,7 @@ def open_service(state_dir: Path) -> tuple[LeaseStore, BrokerService]:
 
 async def crash(store: LeaseStore, service: BrokerService, streams: list) -> None:
     """What a restart leaves: the streams are cut, nothing is cleaned up on disk."""
-    service.stopping = True
+    service.shutting_down()
     for stream in streams:
         await stream.aclose()
     await service.close()

@@ -84,7 +84,7 @@ def grant_announced(service: BrokerService, state_dir: Path) -> asyncio.Event:
         if held and held <= active_on_disk(state_dir):
             announced.set()
 
-    service.on_change = on_change
+    service.changes.subscribe(on_change)
     return announced
 
 
@@ -239,7 +239,7 @@ def test_an_end_and_the_grant_it_frees_are_one_commit(tmp_path: Path):
                 order.append("ended while " + ("granted" if service.manager.queue == [] else "queued"))
                 time.sleep(0.02)  # as a hook doing I/O (the gate's ACL calls): the writer thread runs meanwhile
 
-        service.hooks.append(Hook())
+        service.add_hook(Hook())
         before = store.commits
         await service.release(me(), holding.id)
         granted = await anext(second)

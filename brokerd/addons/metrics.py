@@ -21,19 +21,17 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from brokerd.core.service import BrokerService
 from brokerd.core.views import device_views
 from brokerd.devices.model import UTILISATION_KEY, Device
 from brokerd.leasing.hooks import LeaseHook
 from brokerd.leasing.model import ENDED_STATES, Lease
-
-if TYPE_CHECKING:
-    from brokerd.core.service import BrokerService
 
 log = logging.getLogger("vaccel.brokerd")
 

@@ -1,48 +1,61 @@
-"""Asking for devices, as part of BrokerService: who asks (kernel identity, permission,
-the pidfd watch from now on), the manager's decision under the asker's policy, and the
-two ways a client hears it: the unary fast path (`acquire_now`, TryAcquire) for a request
-granted at once, and the stream (`acquire`) that carries a waiter's queue updates, takes
-a waiter cut off by a restart back to its place, or hands the request to Slurm
-([slurm] mode = "delegate", brokerd/addons/slurm/). Waiting itself is brokerd/core/queueing.py.
+"""Asking for devices: the manager's decision under the asker's policy, and the two ways
+a client hears it: the unary fast path (`acquire_now`, TryAcquire) for a request granted
+at once, and the stream (`acquire`) that carries a waiter's queue updates, takes a waiter
+cut off by a restart back to its place, or hands the request to an outside allocator
+(Slurm, brokerd/core/plugins.py). Who may ask is the service's to check before (brokerd/
+core/service.py); waiting itself is brokerd/core/queueing.py.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import AsyncIterator, Hashable
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable, Hashable
+from typing import Any
 
 from brokerd.base.journal import log_event
 from brokerd.base.process import Holder, Identity
+from brokerd.config.loader import Config
 from brokerd.contract import Requirement
-from brokerd.core.queueing import LEFT
+from brokerd.core.governing import Governance
+from brokerd.core.ledger import LEFT, Ledger
+from brokerd.core.plugins import Allocator
+from brokerd.core.queueing import DurableQueue, lease_terms
+from brokerd.core.tasks import Tasks
 from brokerd.core.views import find_device
 from brokerd.core.waiting import QueuedUpdate
 from brokerd.leasing.errors import Busy, LeaseError
-from brokerd.leasing.model import RELEASED, Ask, Lease, LeaseTerms, Request
-from brokerd.state.queue_record import WaitRecord
-
-if TYPE_CHECKING:
-    from brokerd.core.service import BrokerService
+from brokerd.leasing.manager import LeaseManager
+from brokerd.leasing.model import RELEASED, Ask, Lease, Request
+from brokerd.state.queue_record import WaitRecords
+from brokerd.state.store import LeaseStore
 
 # Each waiting request holds a pidfd and a stream: bound what one user can pile up, even
 # where the policy sets no limit (max_waiting = 0).
 MAX_QUEUED_PER_USER = 1024
 
 
-class Acquiring:
-    """BrokerService's acquire half (a mixin: `self` is the service)."""
-
+class Acquisition:
+    def __init__(self, manager: LeaseManager, store: LeaseStore, *, config: Callable[[], Config], ledger: Ledger,
+                 queue: DurableQueue, governance: Governance, records: WaitRecords, tasks: Tasks,
+                 allocator: Callable[[], Allocator | None]) -> None:
+        self.manager = manager
+        self.store = store
+        self._config = config
+        self.ledger = ledger
+        self.queue = queue
+        self.governance = governance
+        self.records = records
+        self.tasks = tasks
+        self._allocator = allocator  # plugged in after the service is built, or never
 
     async def acquire(
-        self: BrokerService,
+        self,
         identity: Identity,
+        holder: Holder,
         requirement: Requirement,
         *,
         wait: bool,
         max_wait_s: float | None,
-        command: str = "",
         key: str = "",
         spec: bytes = b"",
         **asked: Any,
@@ -52,17 +65,23 @@ class Acquiring:
         the client's name for the request: the same process asking again under it (its
         stream broke, the broker restarted) takes up its old place. `spec` is what the
         store keeps to rebuild the request after a restart. `asked` is `_submit`'s."""
-        holder = self._admit(identity, command)
-        if self.slurm is not None:  # Slurm allocates: the delegate asks it (brokerd/addons/slurm/delegate.py)
-            delegated = self.slurm.acquire(holder, requirement, wait=wait, max_wait_s=max_wait_s, **asked)
-            try:
-                async for item in delegated:
-                    yield item
-            finally:
-                await delegated.aclose()
-            return
+        allocator = self._allocator()
+        if allocator is not None:  # an outside allocator decides (brokerd/addons/slurm/delegate.py)
+            steps = allocator.acquire(holder, requirement, wait=wait, max_wait_s=max_wait_s, **asked)
+        else:
+            steps = self._acquire_here(identity, holder, requirement, wait=wait, max_wait_s=max_wait_s, key=key,
+                                       spec=spec, **asked)
+        try:
+            async for item in steps:
+                yield item
+        finally:
+            await steps.aclose()
+
+    async def _acquire_here(self, identity: Identity, holder: Holder, requirement: Requirement, *, wait: bool,
+                            max_wait_s: float | None, key: str, spec: bytes,
+                            **asked: Any) -> AsyncIterator[QueuedUpdate | Lease]:
         record = self.records.find(key, identity)
-        resumed = self._resume(record) if record is not None else None
+        resumed = self.queue.resume(record) if record is not None else None
         if resumed is not None:
             try:
                 async for item in resumed:
@@ -75,51 +94,43 @@ class Acquiring:
             outcome = self._submit(holder, requirement, wait=wait, **asked)
             if isinstance(outcome, Lease):
                 outcome.request_key = key
-                await self._persist_grant(outcome)
+                await self.ledger.persist_grant(outcome)
         if isinstance(outcome, Lease):
             try:
                 yield outcome
             except GeneratorExit:
-                if not self.stopping:
-                    self._end(outcome.id, RELEASED, LEFT)
+                if not self.tasks.stopping:
+                    self.ledger.end(outcome.id, RELEASED, LEFT)
                 raise
             return
-        box = self.waiting.open(outcome.id)
-        deadline = 0.0 if max_wait_s is None else time.time() + max_wait_s
-        record = WaitRecord(outcome.id, key, holder, time.time(), deadline, spec)
-        self.records.add(record)
-        # On disk before the waiter hears its place (the commit is awaited in the wait).
-        saved = self.store.save_queued(record)
-        log_event("queue", f"{holder.user} (pid {holder.pid}) waits for {requirement.gpus} device(s)",
-                  user=holder.user, pid=holder.pid, request_id=outcome.id)
-        waiting = self._wait_in_queue(record, box, saved)
+        waiting = self.queue.enter(outcome, holder, key, max_wait_s, spec)
         try:
             async for item in waiting:
                 yield item
         finally:
             await waiting.aclose()
 
-    async def acquire_now(self: BrokerService, identity: Identity, requirement: Requirement, *, command: str = "",
+    async def acquire_now(self, identity: Identity, holder: Holder, requirement: Requirement, *,
                           key: str = "", may_wait: bool = False, **asked: Any) -> Lease:
         """The unary fast path: the granted Lease (already durable), or Busy when the
         request would have to wait (nothing is queued; a client that `may_wait` then waits
         with `acquire`, so its Busy is no refusal for the journal). A request that already
         has a place under `key` is Busy too: its waiter belongs on the stream that resumes it."""
-        holder = self._admit(identity, command)
         if key and self.records.find(key, identity) is not None:
             raise Busy("this request already waits in the queue")
-        if self.slurm is not None:  # Slurm allocates (brokerd/addons/slurm/delegate.py)
-            return await self.slurm.acquire_now(holder, requirement, **asked)
+        allocator = self._allocator()
+        if allocator is not None:  # an outside allocator decides
+            return await allocator.acquire_now(holder, requirement, **asked)
         again = await self._granted_before(key, holder)
         if again is not None:
             return again
         outcome = self._submit(holder, requirement, wait=False, log_busy=not may_wait, **asked)
         assert isinstance(outcome, Lease), "a request that may not wait is granted or refused"
         outcome.request_key = key
-        await self._persist_grant(outcome)
+        await self.ledger.persist_grant(outcome)
         return outcome
 
-    async def _granted_before(self: BrokerService, key: str, holder: Holder) -> Lease | None:
+    async def _granted_before(self, key: str, holder: Holder) -> Lease | None:
         """The active lease this very process was granted under `key`, once it is durable.
         A client whose reply was lost (the broker died between the grant's commit and its
         answer, or the connection dropped) asks again under the same key: it gets the lease
@@ -138,20 +149,16 @@ class Acquiring:
                   lease_id=lease.id, user=holder.user, pid=holder.pid)
         return lease
 
-    def _submit(self: BrokerService, holder: Holder, requirement: Requirement, *, wait: bool,
+    def _submit(self, holder: Holder, requirement: Requirement, *, wait: bool,
                 accelerator_config_yaml: str = "", cache_key: Hashable | None = None,
                 time_limit_s: float = 0.0, devices: tuple[str, ...] = (),
                 reservation: bool = False, log_busy: bool = True) -> Lease | Request:
         """The manager's decision on a new request: a grant (not yet durable), a queued
         Request (wait=True), or a refusal (raised, and logged)."""
-        terms = LeaseTerms(
-            allocator_config=self.config.allocator_config,
-            memory_cap_mib=self.config.memory_cap_mib,
-            accelerator_config_yaml=accelerator_config_yaml,
-        )
+        terms = lease_terms(self._config(), accelerator_config_yaml)
         try:
-            limits = self.config.policy.for_user(holder.user, holder.gid)
-            ask = Ask(self._time_limit(limits, time_limit_s),
+            limits = self.governance.limits_for(holder)
+            ask = Ask(self.governance.time_limit(limits, time_limit_s),
                       tuple(find_device(self.manager, name).uuid for name in devices), reservation)
             if wait:  # (an ask that may not wait never joins the queue: no need to count it)
                 waiting = sum(1 for r in self.manager.queue if r.holder.uid == holder.uid)
@@ -165,5 +172,5 @@ class Acquiring:
             if log_busy or not isinstance(exc, Busy):
                 log_event("refuse", f"refused {requirement.gpus} device(s) to {holder.user}: {exc}",
                           user=holder.user, pid=holder.pid, level=logging.INFO)
-            self._forget_if_idle(holder.process)
+            self.ledger.forget_if_idle(holder.process)
             raise

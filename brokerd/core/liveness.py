@@ -30,8 +30,8 @@ LINGER = 256  # pidfds kept for processes that hold nothing: bounded whatever us
 class ProcessWatcher:
     """Calls `on_exit(process)` once when a watched process exits."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, on_exit: Callable[[ProcessId], None]) -> None:
-        self._loop = loop
+    def __init__(self, on_exit: Callable[[ProcessId], None], loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._loop = loop  # the running loop at the first watch, when not given
         self._on_exit = on_exit
         self._fds: dict[ProcessId, int] = {}
         self._lingering: OrderedDict[ProcessId, None] = OrderedDict()
@@ -50,6 +50,8 @@ class ProcessWatcher:
             os.close(fd)
             return False
         self._fds[process] = fd
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
         self._loop.add_reader(fd, self._exited, process)
         return True
 
@@ -77,6 +79,7 @@ class ProcessWatcher:
         self._lingering.pop(process, None)
         fd = self._fds.pop(process, None)
         if fd is not None:
+            assert self._loop is not None, "a pidfd is watched only on a loop"
             self._loop.remove_reader(fd)
             os.close(fd)
 

@@ -1,65 +1,66 @@
-"""The broker's async core: the lease manager plus persistence, process liveness, timers
-and the waiters' queue updates. No gRPC here: the servicer translates messages to these
-calls and their plain results back, and domain errors to status codes.
+"""BrokerService: what the broker offers its clients, one method per operation, for the
+edge (brokerd/edge/servicer.py) to translate. No gRPC here.
 
-Every request follows one path: permissions allow -> manager decides -> store commits ->
-caller hears. Permissions are asked here and only here (brokerd/core/permissions.py).
+It is the core's composition root: each part is an object given what it uses, and the
+service only wires them and checks who may do what (brokerd/core/permissions.py, asked
+here and only here) before handing an operation to the part that does it:
+    Acquisition   asking for devices (brokerd/core/acquiring.py)
+    DurableQueue  waiting, on disk, across restarts (brokerd/core/queueing.py)
+    Ledger        grants and ends, durable before anyone hears (brokerd/core/ledger.py)
+    Governance    limits, time limits, early ends, idle reclaim (brokerd/core/governing.py)
+    Expiry        leases ending at their deadlines (brokerd/core/timers.py)
+    Inventory     each probe adopted (brokerd/core/inventory.py)
+Add-ons plug in through `add_hook`, `use_allocator` and `use_reporter` (brokerd/core/
+plugins.py) and follow changes through `changes`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from brokerd.base.journal import log_event
 from brokerd.base.process import Holder, Identity, ProcessId
 from brokerd.config.loader import Config
 from brokerd.contract import Requirement, evaluate
-from brokerd.core.acquiring import Acquiring
+from brokerd.core.acquiring import Acquisition
+from brokerd.core.changes import ChangeFeed
 from brokerd.core.governing import Governance
-from brokerd.core.idle import IdleWatch
+from brokerd.core.inventory import Inventory
+from brokerd.core.ledger import Ledger
 from brokerd.core.liveness import ProcessWatcher
 from brokerd.core.permissions import Action, Permissions
-from brokerd.core.queueing import DurableQueue
-from brokerd.core.reaper import reap_after_end
-from brokerd.core.timers import Timers
+from brokerd.core.plugins import Allocator, Reporter
+from brokerd.core.queueing import DurableQueue, Rebuild
+from brokerd.core.tasks import Tasks
+from brokerd.core.timers import Expiry
 from brokerd.core.users import UserDirectory
 from brokerd.core.views import (
     CheckView,
     DeviceView,
     StatusView,
+    UsageView,
     device_view,
     device_views,
     find_device,
     leases_of,
-    summary,
 )
+from brokerd.core.views import summary as summary_line
 from brokerd.core.waiting import QueuedUpdate, WaitingRoom
 from brokerd.devices.model import Device, Snapshot
 from brokerd.devices.occupancy import Occupancy
-from brokerd.devices.watch import UnleasedSignaller, probe_forever
 from brokerd.leasing.errors import Internal, LeaseError
 from brokerd.leasing.hooks import LeaseHook
 from brokerd.leasing.manager import LeaseManager
-from brokerd.leasing.model import HOLDER_EXITED, LOST, Lease
-from brokerd.state.accounting import Accounting
-from brokerd.state.queue_record import WaitRecords
+from brokerd.leasing.model import HOLDER_EXITED, Lease
+from brokerd.state.queue_record import WaitRecord, WaitRecords
 from brokerd.state.report import Report
 from brokerd.state.store import LeaseStore
 from vaccel_common.text import printable
 
-log = logging.getLogger("vaccel.brokerd")
 
-
-class BrokerService(Acquiring, DurableQueue, Governance, Timers):
-    """What the broker offers its clients, one method per operation, for the servicer.
-    Asking for devices is brokerd/core/acquiring.py; the queue's half (waiting, pumping,
-    restoring the queue) is brokerd/core/queueing.py."""
-
+class BrokerService:
     def __init__(
         self,
         config: Config,
@@ -69,107 +70,148 @@ class BrokerService(Acquiring, DurableQueue, Governance, Timers):
         refresh: Callable[[], Snapshot] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.config = config
+        self._config = config
         self.store = store
-        self.snapshot = snapshot
-        self._refresh_inventory = refresh
         self.manager = LeaseManager(snapshot.devices, ttl_s=config.heartbeat_ttl_s,
                                     max_duration_s=config.max_lease_duration_s, clock=clock)
-        self._adopt_policy(config)
         # Both read the config at each use: a reload changes the admin group.
-        self.users = UserDirectory(lambda: self.config.admin_gid())
-        self.permissions = Permissions(self.users.is_admin, lambda: self.config.admin_group)
-        self.occupancy = Occupancy()
-        self._unleased = UnleasedSignaller()
+        self.users = UserDirectory(lambda: self._config.admin_gid())
+        self.permissions = Permissions(self.users.is_admin, lambda: self._config.admin_group)
+        self.tasks = Tasks()
+        self.changes = ChangeFeed()
+        self.hooks: list[LeaseHook] = []  # gating, accounting, metrics, Slurm: add_hook
+        self._allocator: Allocator | None = None
+        self._reporter: Reporter | None = None
         self.waiting = WaitingRoom()
         self.records = WaitRecords()
-        self.stopping = False  # shutting down: streams closing now are not clients leaving
-        self._watcher: ProcessWatcher | None = None
-        self._tasks: list[asyncio.Task[None]] = []
-        self._expiry_wakeup = asyncio.Event()
-        self._expiry_due = 0.0  # when the expiry loop wakes by itself (0: it is awake)
-        self._looked_at = 0.0
-        self.on_change: Callable[[], None] = lambda: None
-        self.idle_watch = IdleWatch()
-        self.hooks: list[LeaseHook] = []  # brokerd/leasing/hooks.py: gating, accounting, metrics
-        self.accounting: Accounting | None = None  # set by brokerd/daemon/addons.py: the Report RPC, the dashboard
-        self.slurm: Any = None  # brokerd/addons/slurm SlurmDelegate, set by addons in [slurm] mode = "delegate"
+        self.watcher = ProcessWatcher(self._process_exited)
+        current = self._current_config
+        # The parts call each other through these late-bound callables, so that none of
+        # them knows another's class beyond what it is given.
+        self.expiry = Expiry(self.manager, tasks=self.tasks, record_end=lambda lease: self.ledger.record_end(lease),
+                             pump_soon=lambda: self.ledger.pump_soon())
+        self.ledger = Ledger(self.manager, store, tasks=self.tasks, changes=self.changes, waiting=self.waiting,
+                             records=self.records, watcher=self.watcher, hooks=self.hooks,
+                             deadline_moved=self.expiry.expire_by)
+        self.governance = Governance(self.manager, store, config=current, users=self.users, tasks=self.tasks,
+                                     changes=self.changes, deadline_moved=self.expiry.expire_by)
+        self.queue = DurableQueue(self.manager, store, config=current, ledger=self.ledger,
+                                  governance=self.governance, waiting=self.waiting, records=self.records,
+                                  watcher=self.watcher, tasks=self.tasks, changes=self.changes)
+        self.acquisition = Acquisition(self.manager, store, config=current, ledger=self.ledger, queue=self.queue,
+                                       governance=self.governance, records=self.records, tasks=self.tasks,
+                                       allocator=lambda: self._allocator)
+        self.inventory = Inventory(self.manager, snapshot, config=current, tasks=self.tasks, changes=self.changes,
+                                   record_end=self.ledger.record_end, pump_soon=self.ledger.pump_soon,
+                                   reclaim_idle=self.governance.reclaim_idle, refresh=refresh)
+
+    def _current_config(self) -> Config:
+        return self._config
+
+    # -- plugging in -------------------------------------------------------------------
+
+    def add_hook(self, hook: LeaseHook) -> None:
+        """Follow every lease from now on (hooks run in the order they were added)."""
+        self.hooks.append(hook)
+
+    def use_allocator(self, allocator: Allocator) -> None:
+        """Let `allocator` decide every grant from now on (brokerd/core/plugins.py)."""
+        self._allocator = allocator
+
+    def use_reporter(self, reporter: Reporter) -> None:
+        """Answer usage reports from `reporter` (the accounting)."""
+        self._reporter = reporter
 
     # -- lifecycle ---------------------------------------------------------------------
 
     def restore(self, active: list[Lease], ended: list[Lease], drained: dict[str, str] | None = None) -> None:
         """Put back what the store held. Must run inside the loop (it opens pidfds).
         Holders that died while the daemon was down are reclaimed at once."""
-        self._watcher = ProcessWatcher(asyncio.get_running_loop(), self._process_exited)
-        self.manager.drained.update(drained or {})
+        manager = self.manager
+        manager.drained.update(drained or {})
         for lease in ended:
-            self.manager.ended[lease.id] = lease
+            manager.ended[lease.id] = lease
             for uuid in lease.devices:
-                self.manager.last_used[uuid] = max(self.manager.last_used.get(uuid, 0), lease.ended_at)
+                manager.last_used[uuid] = max(manager.last_used.get(uuid, 0), lease.ended_at)
         for lease in active:
-            self.manager.restore(lease)
-            restored = self.manager.leases[lease.id]
+            manager.restore(lease)
+            restored = manager.leases[lease.id]
             # A reservation is held by its user: the command that booked it is long gone.
-            alive = restored.reservation or self._watcher.watch(lease.holder.process)
-            restored.members = {m for m in lease.members if self._watcher.watch(m)}
+            alive = restored.reservation or self.watcher.watch(lease.holder.process)
+            restored.members = {m for m in lease.members if self.watcher.watch(m)}
             if alive:
                 log_event("restore", f"lease {lease.id} restored for {lease.holder.user}",
                           lease_id=lease.id, user=lease.holder.user, device_uuids=lease.devices)
             else:
-                ended_lease = self.manager.end(
+                ended_lease = manager.end(
                     lease.id, HOLDER_EXITED, f"holder pid {lease.holder.pid} exited while the broker was down")
-                self._spawn(self._logged(self._record_end(ended_lease)))
+                self.tasks.keep(self.ledger.record_end(ended_lease))
         # Leases on devices that vanished while the daemon was down end now; devices used
         # without a lease are held back.
-        self._set_inventory(self.snapshot)
+        self.inventory.adopt(self.inventory.snapshot)
         for hook in self.hooks:
-            hook.restored(list(self.manager.leases.values()))
+            hook.restored(list(manager.leases.values()))
+
+    def restore_queue(self, records: list[WaitRecord], rebuild: Rebuild) -> None:
+        """Put back the recorded queue, in order, after restore()."""
+        self.queue.restore(records, rebuild)
 
     def start_timers(self) -> None:
         """Start lease expiry and, if configured, periodic re-probing."""
-        self._tasks.append(asyncio.create_task(self._expiry_loop(), name="expiry"))
-        if self._refresh_inventory is not None and self.config.probe_interval_s > 0:
-            probing = probe_forever(self._refresh_inventory, self.apply_snapshot, current=lambda: self.snapshot,
-                                    interval_s=lambda: self.config.probe_interval_s)
-            self._tasks.append(asyncio.create_task(probing, name="probe"))
+        self.expiry.start()
+        self.inventory.start()
 
     def reconfigure(self, config: Config) -> None:
         """Adopt a reloaded configuration; leases and the queue stay as they are."""
-        self.config = config
+        self._config = config
         self.manager.ttl_s = config.heartbeat_ttl_s
         self.manager.max_duration_s = config.max_lease_duration_s
-        self._expiry_wakeup.set()  # a shorter TTL or maximum duration ends leases sooner
-        self._adopt_policy(config)
+        self.expiry.wake()  # a shorter TTL or maximum duration ends leases sooner
+        self.governance.adopt(config)
         # Limits changed: requests they held back may start, queue lines change.
         for request in self.manager.queue:
-            request.limits = config.policy.for_user(request.holder.user, request.holder.gid).user_limits()
-        self._spawn(self._pump())
+            request.limits = self.governance.limits_for(request.holder).user_limits()
+        self.store.fsync_all = config.durability == "power"
+        self.ledger.pump_soon()
+
+    def shutting_down(self) -> None:
+        """From now on a stream that closes is cut by the shutdown, not a client leaving:
+        its request keeps its place on disk."""
+        self.tasks.stopping = True
 
     async def close(self) -> None:
         """Stop the timers and every pidfd watch; the state stays on disk."""
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        if self._watcher is not None:
-            self._watcher.close()
+        await self.tasks.close()
+        self.watcher.close()
 
-    def _spawn(self, coro) -> None:  # type: ignore[no-untyped-def]
-        task = asyncio.create_task(coro)
-        self._tasks.append(task)
-        task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
-
-    # -- acquire: brokerd/core/acquiring.py, but for who may ask ----------------------------
+    # -- asking for devices ------------------------------------------------------------
 
     def _admit(self, identity: Identity, command: str) -> Holder:
         """Who asks, allowed to ask, and watched from now on (its exit ends what it gets)."""
-        assert self._watcher is not None
         self.permissions.require(Action.ACQUIRE, identity)
         holder = self.users.holder(identity, command)
-        if not self._watcher.watch(holder.process):
+        if not self.watcher.watch(holder.process):
             raise LeaseError(f"process {holder.pid} exited before its request was handled")
         return holder
+
+    def acquire(self, identity: Identity, requirement: Requirement, *, wait: bool, max_wait_s: float | None,
+                command: str = "", **asked: Any) -> AsyncIterator[QueuedUpdate | Lease]:
+        """QueuedUpdate while waiting, then the granted Lease (durable); see Acquisition."""
+        return self._acquire(identity, requirement, wait=wait, max_wait_s=max_wait_s, command=command, **asked)
+
+    async def _acquire(self, identity: Identity, requirement: Requirement, *, command: str,
+                       **asked: Any) -> AsyncIterator[QueuedUpdate | Lease]:
+        steps = self.acquisition.acquire(identity, self._admit(identity, command), requirement, **asked)
+        try:
+            async for item in steps:
+                yield item
+        finally:
+            await steps.aclose()
+
+    async def acquire_now(self, identity: Identity, requirement: Requirement, *, command: str = "",
+                          **asked: Any) -> Lease:
+        """The unary fast path: the Lease (durable) or Busy; see Acquisition."""
+        return await self.acquisition.acquire_now(identity, self._admit(identity, command), requirement, **asked)
 
     # -- lease operations --------------------------------------------------------------
 
@@ -181,10 +223,9 @@ class BrokerService(Acquiring, DurableQueue, Governance, Timers):
     async def join(self, identity: Identity, lease_id: str) -> Lease:
         """The caller's process becomes a member of the lease (its end is watched, and it
         is recorded so a restart keeps it)."""
-        assert self._watcher is not None
         self.permissions.require(Action.JOIN, identity, self.manager.active(lease_id))
         lease = self.manager.join(lease_id, identity.process)
-        if identity.process in lease.members and self._watcher.watch(identity.process):
+        if identity.process in lease.members and self.watcher.watch(identity.process):
             await self.store.save_members(lease)
         return lease
 
@@ -193,10 +234,10 @@ class BrokerService(Acquiring, DurableQueue, Governance, Timers):
         the holder is told now (with the reason) and the lease ends when the grace is over."""
         self.permissions.require(Action.RELEASE, identity, self.manager.active(lease_id))
         if grace_s > 0:
-            return await self._end_after_grace(identity, lease_id, printable(reason), grace_s)
+            return await self.governance.end_after_grace(identity, lease_id, printable(reason), grace_s)
         lease = self.manager.release(lease_id, identity.uid, printable(reason))
         try:
-            await self._record_end(lease)
+            await self.ledger.record_end(lease)
         except Exception as exc:
             raise Internal(f"the broker could not record the release durably: {exc}") from exc
         return lease
@@ -212,95 +253,63 @@ class BrokerService(Acquiring, DurableQueue, Governance, Timers):
         log_event("undrain" if undo else "drain", f"gpu{target.index} {verb} by {user}", user=user,
                   device_uuids=(target.uuid,))
         if undo:
-            self._spawn(self._pump())
-        self.on_change()
+            self.ledger.pump_soon()
+        self.changes.changed()
         return device_view(self.manager, target)
 
-    def _end(self, lease_id: str, state: str, reason: str) -> None:
-        """End a lease from the daemon's side (client gone, expired, lost)."""
-        with contextlib.suppress(LeaseError):
-            self._spawn(self._logged(self._record_end(self.manager.end(lease_id, state, reason))))
-
-    def _record_end(self, lease: Lease) -> asyncio.Future[None]:
-        """Queue the end's commit right away, at the moment it happened in memory, and
-        grant what it freed in the same commit (LeaseStore.hold): the pump runs in the
-        loop's next step, once every end of this step is queued (an expiry ends several
-        leases at once), so a grant of freed devices is never on disk before their end."""
-        self.store.hold()
-        asyncio.get_running_loop().call_soon(self._pump_held)  # first: whatever follows raises, it releases
-        saved = self.store.save_end(lease)
-        self.records.drop_lease(lease.id)
-        self._forget_if_idle(lease.holder.process)
-        for member in lease.members:
-            self._forget_if_idle(member)
-        log_event(lease.state if lease.state != HOLDER_EXITED else "exit",
-                  f"lease {lease.id} of {lease.holder.user} ended ({lease.state}): {lease.end_reason}",
-                  lease_id=lease.id, user=lease.holder.user, device_uuids=lease.devices,
-                  state=lease.state)
-        reap_after_end(lease, self.ttl_s)  # not a release: what still runs under it is stopped
-        for hook in self.hooks:
-            try:
-                hook.ended(lease)
-            except Exception:
-                log.exception("%s failed after the end of lease %s", hook.name, lease.id)
-        self.on_change()
-        return saved
-
-    def _pump_held(self) -> None:
-        """The pump after an end: its grants join the held end in one transaction. A plain
-        callback, not a task: it runs even when the loop is cancelling tasks, so held
-        writes always reach the writer."""
-        try:
-            self._grant_now()
-        finally:
-            self.store.release_held()
-
-    def _refused_by_hooks(self, lease: Lease) -> str:
-        """Run the hooks a grant needs before its holder hears of it (brokerd/leasing/hooks.py);
-        the first refusal ends the lease and is returned, "" when all agree."""
-        for hook in self.hooks:
-            try:
-                hook.granted(lease)
-            except Exception as exc:
-                why = f"{hook.name}: {exc}"
-                log.error("grant %s refused by %s", lease.id, why)
-                if lease.active:
-                    self._end(lease.id, LOST, why)
-                return why
-        return ""
-
-    @staticmethod
-    async def _logged(saved: asyncio.Future[None], what: str = "the end of a lease") -> None:
-        """Await a commit nobody waits for; a failure is logged, naming `what` was lost."""
-        try:
-            await saved
-        except Exception as exc:
-            log.error("could not record %s: %s", what, exc)
-
-    def _forget_if_idle(self, process: ProcessId) -> None:
-        """Stop watching a process that holds nothing and waits for nothing."""
-        if self._watcher is not None and not self.manager.involves(process):
-            self._watcher.release(process)
-
-    def process_alive(self, process: ProcessId) -> bool | None:
-        """Whether a process the broker watches still runs; None when it watches it not."""
-        return self._watcher.alive(process) if self._watcher is not None else None
-
     def _process_exited(self, process: ProcessId) -> None:
+        """The kernel says `process` is gone: its leases end, its waiting requests leave."""
         ended, dropped = self.manager.process_exited(process)
-        for request in dropped:
-            log_event("dequeue", f"pid {process.pid} left the queue (exited)", user=request.holder.user,
-                      pid=process.pid, request_id=request.id)
-            self.waiting.close(request.id, QueuedUpdate(0, 0, "holder exited", ()))
-            self.records.drop(request.id)
-            self._unrecord(request.id)
+        self.queue.requests_dropped(process, dropped)
         for lease in ended:
-            self._spawn(self._logged(self._record_end(lease)))
-        if dropped:
-            self.waiting.announce(self.manager)
-            self._spawn(self._pump())
+            self.tasks.keep(self.ledger.record_end(lease))
 
-    # -- queries: plain data for the servicer, each behind its permission -------------
+    # -- for add-ons (brokerd/core/plugins.py) -----------------------------------------
+
+    def end_lease(self, lease_id: str, state: str, reason: str) -> None:
+        """End a lease from outside the client's path (an allocator saw its allocation
+        end); nobody waits for the commit. One that has ended already stays as it ended."""
+        self.ledger.end(lease_id, state, reason)
+
+    async def adopt_grant(self, lease: Lease) -> Lease:
+        """Make a grant an allocator made (restored into the manager) durable and real,
+        as any grant: on disk, the hooks, then its holder hears."""
+        await self.ledger.persist_grant(lease)
+        return lease
+
+    def time_limit_for(self, holder: Holder, asked_s: float) -> float:
+        """The time limit a request of `holder` gets (the policy's default and ceiling)."""
+        return self.governance.time_limit(self.governance.limits_for(holder), asked_s)
+
+    def forget_if_idle(self, process: ProcessId) -> None:
+        """Stop watching a process that holds and waits for nothing."""
+        self.ledger.forget_if_idle(process)
+
+    @property
+    def stopping(self) -> bool:
+        return self.tasks.stopping
+
+    # -- queries: plain data for the edge, each behind its permission -----------------
+
+    @property
+    def config(self) -> Config:
+        return self._config
+
+    @property
+    def snapshot(self) -> Snapshot:
+        return self.inventory.snapshot
+
+    @property
+    def occupancy(self) -> Occupancy:
+        return self.inventory.occupancy
+
+    @property
+    def allocator(self) -> Allocator | None:
+        return self._allocator
+
+    @property
+    def keeps_accounting(self) -> bool:
+        return self._reporter is not None
 
     @property
     def ttl_s(self) -> float:
@@ -310,6 +319,14 @@ class BrokerService(Acquiring, DurableQueue, Governance, Timers):
     def device(self, uuid: str) -> Device | None:
         return self.manager.devices.get(uuid)
 
+    def process_alive(self, process: ProcessId) -> bool | None:
+        """Whether a process the broker watches still runs; None when it watches it not."""
+        return self.watcher.alive(process)
+
+    def outside_job(self, lease_id: str) -> int:
+        """The allocator's id of the allocation behind a lease (0: none, or no allocator)."""
+        return self._allocator.job_id(lease_id) if self._allocator is not None else 0
+
     def may_see_status(self, identity: Identity) -> None:
         """Raises unless `identity` may see the status (the same picture for everyone)."""
         self.permissions.require(Action.STATUS, identity)
@@ -317,8 +334,14 @@ class BrokerService(Acquiring, DurableQueue, Governance, Timers):
     def status(self, identity: Identity) -> StatusView:
         """Every device with its holder, the queue, GPU processes without a lease, probes."""
         self.permissions.require(Action.STATUS, identity)
-        return StatusView(device_views(self.manager), tuple(self.manager.queue), self.occupancy.unleased,
-                          self.snapshot.verdicts, self.snapshot.simulated, self.usage_views())
+        snapshot = self.inventory.snapshot
+        return StatusView(device_views(self.manager), tuple(self.manager.queue), self.inventory.occupancy.unleased,
+                          snapshot.verdicts, snapshot.simulated, self.governance.usage_views(),
+                          self._allocator.outside_status() if self._allocator is not None else None)
+
+    def usage_views(self) -> tuple[UsageView, ...]:
+        """Each user holding or waiting for devices, against their limits."""
+        return self.governance.usage_views()
 
     def leases(self, identity: Identity, *, everyone: bool = False, include_ended: bool = False) -> list[Lease]:
         """The caller's leases, or everyone's (admins only), oldest grant first."""
@@ -338,12 +361,13 @@ class BrokerService(Acquiring, DurableQueue, Governance, Timers):
         return CheckView(evaluate(requirement, [v.device for v in views]), views)
 
     async def report(self, identity: Identity, since: float, until: float, by: str) -> Report:
-        """Usage over a period (brokerd/state/accounting.py); other users' rows only for admins."""
+        """Usage over a period (the accounting); other users' rows only for admins."""
         self.permissions.require(Action.REPORT, identity)
-        if self.accounting is None:
+        if self._reporter is None:
             raise Internal("this broker keeps no accounting")
         others = self.permissions.allows(Action.REPORT_OTHERS, identity)
-        return await self.accounting.areport(since, until, by, identity.uid, others)
+        return await self._reporter.areport(since, until, by, identity.uid, others)
 
     def summary(self) -> str:
-        return summary(self.manager)
+        return summary_line(self.manager)
+

@@ -1,70 +1,61 @@
-"""The timers and the inventory of BrokerService (a mixin, like brokerd/core/queueing.py):
-the loop that ends leases at their deadlines and looks at the queue again, and the
-adoption of each fresh probe (devices held back, leases on lost devices ended, idle
-reclaim)."""
+"""Lease expiry: the loop that ends leases at their deadlines (TTL without heartbeat, time
+limit, an announced early end) and looks at the queue again now and then (a user's use
+slides out of the limits' window with time alone)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
-from brokerd.base.journal import log_event
-from brokerd.devices.model import Snapshot
-from brokerd.devices.watch import occupancy_of
+from brokerd.core.tasks import Tasks, logged
+from brokerd.leasing.manager import LeaseManager
+from brokerd.leasing.model import Lease
 
-if TYPE_CHECKING:
-    from brokerd.core.service import BrokerService
-
-# How often the queue is looked at again with nothing else happening (a user's use slides
-# out of the max_device_hours window with time alone).
+# How often the queue is looked at again with nothing else happening.
 _LOOK_AGAIN_S = 30.0
 
 
-class Timers:
-    async def _expiry_loop(self: BrokerService) -> None:
+class Expiry:
+    def __init__(self, manager: LeaseManager, *, tasks: Tasks,
+                 record_end: Callable[[Lease], asyncio.Future[None]], pump_soon: Callable[[], None]) -> None:
+        self.manager = manager
+        self.tasks = tasks
+        self._record_end = record_end
+        self._pump_soon = pump_soon
+        self._wakeup = asyncio.Event()
+        self._due = 0.0  # when the loop wakes by itself (0: it is awake)
+        self._looked_at = 0.0
+
+    def start(self) -> None:
+        self.tasks.spawn(self._expire_forever(), name="expiry")
+
+    def wake(self) -> None:
+        """Look again now (a reload may have shortened the TTL or the maximum duration)."""
+        self._wakeup.set()
+
+    def expire_by(self, at: float) -> None:
+        """Something may end at `at` (unix time): wake the loop if it sleeps past that.
+        Most news ends later (a grant's first deadline is a TTL away), and waking the loop
+        for it read every lease twice for nothing."""
+        if at < self._due:
+            self._wakeup.set()
+
+    async def _expire_forever(self) -> None:
         while True:
             saving = [self._record_end(lease) for lease in self.manager.expire()]
             for saved in saving:
-                await self._logged(saved)
+                await logged(saved)
             deadline = self.manager.next_deadline()
             delay = 60.0 if deadline is None else max(0.05, deadline - time.time() + 0.01)
             if self.manager.queue:
-                # Use slides out of the limits' window with time alone: look again.
                 delay = min(delay, _LOOK_AGAIN_S)
                 if time.time() - self._looked_at >= _LOOK_AGAIN_S:
                     self._looked_at = time.time()
-                    self._spawn(self._pump())
-            self._expiry_wakeup.clear()
-            self._expiry_due = time.time() + delay
+                    self._pump_soon()
+            self._wakeup.clear()
+            self._due = time.time() + delay
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._expiry_wakeup.wait(), delay)
-            self._expiry_due = 0.0  # awake: what changes now is read before the next sleep
-
-    def _expire_by(self: BrokerService, at: float) -> None:
-        """Something may end at `at` (unix time): wake the expiry loop if it sleeps past
-        that. Most news ends later (a grant's first deadline is a TTL away), and waking
-        the loop for it read every lease twice for nothing."""
-        if at < self._expiry_due:
-            self._expiry_wakeup.set()
-
-    def apply_snapshot(self: BrokerService, snapshot: Snapshot) -> None:
-        """Adopt a fresh probe: grant what it freed, tell the systemd status line."""
-        before = (self.manager.devices.keys(), dict(self.manager.unavailable))
-        self._set_inventory(snapshot)
-        if before != (self.manager.devices.keys(), self.manager.unavailable):
-            log_event("inventory", f"devices now: {self.summary()}")
-            self._spawn(self._pump())
-            self.on_change()
-        if self.config.unleased_processes == "signal":
-            self._unleased.signal(self.occupancy, self.config.unleased_grace_s)
-        self.reclaim_idle()
-
-    def _set_inventory(self: BrokerService, snapshot: Snapshot) -> None:
-        """Adopt a snapshot: hold back unhealthy devices and devices used without a lease
-        (allocation fails closed), end leases on lost devices."""
-        self.snapshot = snapshot
-        self.occupancy, unavailable = occupancy_of(snapshot, self.manager.leases.values(), self.config.enforce_mode)
-        for lost in self.manager.set_inventory(snapshot.devices, unavailable):
-            self._spawn(self._logged(self._record_end(lost)))
+                await asyncio.wait_for(self._wakeup.wait(), delay)
+            self._due = 0.0  # awake: what changes now is read before the next sleep

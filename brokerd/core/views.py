@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from brokerd.base.process import Holder
 from brokerd.contract import Evaluation
 from brokerd.devices.model import Device, GpuProcess, ProbeVerdict
 from brokerd.leasing.errors import NotFound
@@ -34,6 +35,7 @@ class StatusView:
     probes: tuple[ProbeVerdict, ...]
     simulated: bool
     usage: tuple[UsageView, ...] = ()  # each user with leases or requests, against their limits
+    outside: OutsideStatus | None = None  # what an outside allocator holds and queues (brokerd/core/plugins.py)
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,43 @@ class UsageView:
 
 
 @dataclass(frozen=True)
+class OutsideHold:
+    """A device held outside vaccel's leases, by something the allocator knows (a batch job)."""
+
+    device_uuid: str
+    lease_id: str  # how people refer to it ("slurm-42")
+    user: str
+    uid: int
+    label: str  # who holds it, in words ("slurm job 42 (alice)")
+    since: float
+
+
+@dataclass(frozen=True)
+class OutsideWait:
+    """A request waiting with the allocator: one of vaccel's (`requester` set) or another's."""
+
+    request_id: str
+    job_id: int
+    gpus: int
+    since: float
+    reason: str
+    user: str
+    uid: int
+    label: str  # who asks, in words, when it is not one of vaccel's requests
+    requester: Holder | None = None
+    time_limit_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class OutsideStatus:
+    """What the allocator adds to `vaccel status`."""
+
+    mode: str
+    holds: tuple[OutsideHold, ...] = ()
+    waiting: tuple[OutsideWait, ...] = ()
+
+
+@dataclass(frozen=True)
 class CheckView:
     """What `vaccel check` shows: the verdict, device by device."""
 
@@ -64,7 +103,7 @@ class CheckView:
 def device_view(manager: LeaseManager, device: Device) -> DeviceView:
     """The device as it stands now."""
     lease_id = manager.owner.get(device.uuid)
-    return DeviceView(device, manager.device_state(device.uuid),
+    return DeviceView(device, manager.holdings.device_state(device.uuid),
                       manager.leases[lease_id] if lease_id else None, manager.drained.get(device.uuid, ""))
 
 

@@ -31,8 +31,9 @@ from brokerd.devices.probes import default_probes, run_probes
 from brokerd.devices.probes.simulated import SimulatedProbe
 from brokerd.devices.watch import boot_snapshot
 from brokerd.edge.identity import IdentityServer, TokenAuthority, load_or_create_key
+from brokerd.edge.messages import rebuild_request
 from brokerd.edge.rpc_limits import CONNECTION_OPTIONS, add_guarded_servicer, guarded_handlers, raise_open_files
-from brokerd.edge.servicer import BrokerServicer, rebuild_request
+from brokerd.edge.servicer import BrokerServicer
 from brokerd.edge.side_calls import SideCalls
 from brokerd.state.state_dir import StateDirInUse, UnsafeStateDir, lock_state_dir
 from brokerd.state.store import LeaseStore, StateError
@@ -137,7 +138,7 @@ class Daemon:
             store.close()
             raise StartupError(str(exc)) from exc
         service = BrokerService(config, store, snapshot, refresh=source)
-        service.hooks.extend(addons.lease_hooks(config, service))
+        added = addons.plug_in(config, service)
         service.restore(active, ended, drained)
         authority.alive = service.process_alive  # a watched process's pidfd answers, not /proc
         service.restore_queue(queued, rebuild_request)
@@ -147,11 +148,11 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, self._reload.set)
-        # Before the extra servers: the dashboard chains its live updates onto this one.
+        # Before the extra servers: the status line hears each change before the dashboard.
         self.status_line = StatusLine(self.notifier, service.summary)
-        service.on_change = self.status_line.changed
+        service.changes.subscribe(self.status_line.changed)
         # Before the sockets: once a client can connect, the metrics and the dashboard answer too.
-        closers = await addons.start_servers(config, service)
+        closers = await addons.start_servers(config, service, added)
         server = grpc.aio.server(options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", 16 * MAX_MESSAGE_BYTES),
@@ -195,7 +196,7 @@ class Daemon:
             for close in closers:
                 await close()
             await identity.close()
-            service.stopping = True  # streams cut by the shutdown keep their queue places
+            service.shutting_down()  # streams cut by the shutdown keep their queue places
             await server.stop(grace=1.0)
             await service.close()
             store.close()
@@ -217,7 +218,6 @@ class Daemon:
             new = dataclasses.replace(new, **{k: getattr(self.config, k) for k in immovable})
             self.config = new
             service.reconfigure(new)
-            service.store.fsync_all = new.durability == "power"
             setup_logging(new.log_level)
             if immovable:
                 log_event("reload", f"configuration partly reloaded from {new.source}: "

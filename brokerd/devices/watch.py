@@ -1,7 +1,7 @@
 """Keep the device picture current and honest: re-probe on a timer (off the event loop),
 distrust a probe that suddenly finds nothing until that persists (at start-up as on every
-refresh: one ProbeDoubt rule), tell GPU processes that belong to a lease from those that
-don't, and (if configured) signal the latter.
+refresh: one ProbeDoubt rule), and (if configured) signal GPU processes that hold no lease.
+Which processes belong to a lease is the core's to say (brokerd/core/inventory.py).
 """
 
 from __future__ import annotations
@@ -12,14 +12,11 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from brokerd.base.journal import log_event
-from brokerd.base.procinfo import ancestors, process_info
-from brokerd.devices.model import Device, Snapshot
-from brokerd.devices.nodes import ungated as enforcement_holds_back
-from brokerd.devices.occupancy import Occupancy, classify, to_signal
-from brokerd.leasing.model import Lease
+from brokerd.devices.model import Snapshot
+from brokerd.devices.occupancy import Occupancy, to_signal
 
 log = logging.getLogger("vaccel.brokerd")
 
@@ -89,27 +86,6 @@ def lost_probes(before: Snapshot, after: Snapshot) -> list[str]:
     return sorted((had - has) - {"cpu"})
 
 
-def occupancy_of(
-    snapshot: Snapshot, leases: Iterable[Lease], enforce: str = "off"
-) -> tuple[Occupancy, dict[str, str]]:
-    """Match the snapshot's GPU processes to leases. Returns the occupancy and the devices
-    that must not be granted now, with why: used without a lease (allocation fails
-    closed), unhealthy, or (with `enforce` = config.enforce_mode "acl") not gated: their
-    device nodes cannot be found or are open to everyone (brokerd/devices/nodes.py)."""
-    leases = list(leases)
-    occupancy = classify(
-        snapshot.processes,
-        {lease.id: {lease.holder.pid, *(member.pid for member in lease.members)} for lease in leases},
-        {lease.id: set(lease.devices) for lease in leases},
-        snapshot.devices,
-        ancestry=ancestors,
-        info=process_info,
-        reserved={u: (lease.holder.uid, lease.id) for lease in leases if lease.reservation for u in lease.devices},
-    )
-    ungated = enforcement_holds_back(snapshot.devices) if enforce == "acl" else {}
-    return occupancy, {**ungated, **occupancy.busy, **_unhealthy(snapshot.devices)}
-
-
 class UnleasedSignaller:
     """SIGTERM to processes that have used a GPU without a lease for longer than the grace
     period (`probe.unleased_processes = "signal"`)."""
@@ -131,7 +107,3 @@ class UnleasedSignaller:
                 log_event("signal", f"sent SIGTERM to {proc.user}'s pid {pid} ({proc.command}): it used "
                           f"{proc.device_uuid} without a lease for over {grace_s:.0f}s",
                           user=proc.user, pid=pid, device_uuids=(proc.device_uuid,), level=logging.WARNING)
-
-
-def _unhealthy(devices: tuple[Device, ...]) -> dict[str, str]:
-    return {d.uuid: d.health_reason or "unhealthy" for d in devices if not d.healthy}

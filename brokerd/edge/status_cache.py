@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING
 
+from brokerd.core.service import BrokerService
 from vaccel_common.v1 import broker_pb2 as pb
-
-if TYPE_CHECKING:
-    from brokerd.core.service import BrokerService
 
 MAX_AGE_S = 1.0
 
@@ -30,7 +27,7 @@ def fingerprint(service: BrokerService) -> Hashable:
         tuple((lease.id, lease.expires_at, lease.notice) for lease in manager.leases.values()),
         tuple((request.id, request.reason) for request in manager.queue),
         tuple(manager.drained.items()), tuple(manager.unavailable.items()), len(manager.ended),
-        id(getattr(service.slurm, "batch", None)), len(getattr(service.slurm, "waiters", ())),
+        service.allocator.version() if service.allocator is not None else None,
     )
 
 

@@ -12,39 +12,37 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from brokerd.leasing.manager import LeaseManager
+from brokerd.leasing.holdings import Holdings
 
 HOLDERS_LISTED = 8  # entries named one by one; past that, devices are counted per user
 USERS_NAMED = 5  # in the counted form, the users with most devices; the rest are counted
 
 
-def holders_line(manager: LeaseManager) -> str:
+def holders_line(holdings: Holdings) -> str:
     entries: list[str] = []
     per_user: Counter[str] = Counter()
     others: Counter[str] = Counter()
-    for device in sorted(manager.devices.values(), key=lambda d: d.index):
-        lease_id = manager.owner.get(device.uuid)
+    for device in sorted(holdings.devices.values(), key=lambda d: d.index):
+        lease_id = holdings.owner.get(device.uuid)
         if lease_id is not None:
-            lease = manager.leases[lease_id]
+            lease = holdings.leases[lease_id]
             user = str(lease.holder.user or lease.holder.uid)
             per_user[user] += 1
             since = time.strftime("%H:%M", time.localtime(lease.granted_at))
             entries.append(f"gpu{device.index} {user} since {since}")
-        elif device.uuid in manager.drained:
+        elif device.uuid in holdings.drained:
             others["drained"] += 1
-            entries.append(f"gpu{device.index} drained: {manager.drained[device.uuid]}")
-        elif device.uuid in manager.unavailable:
+            entries.append(f"gpu{device.index} drained: {holdings.drained[device.uuid]}")
+        elif device.uuid in holdings.unavailable:
             others["busy"] += 1
-            entries.append(f"gpu{device.index} busy: {manager.unavailable[device.uuid]}")
+            entries.append(f"gpu{device.index} busy: {holdings.unavailable[device.uuid]}")
         elif not device.healthy:
             others["unhealthy"] += 1
             entries.append(f"gpu{device.index} unhealthy")
     if len(entries) <= HOLDERS_LISTED:
         return ", ".join(entries) if entries else "no device is leased"
-    return _counted(per_user, others, len(manager.devices))
+    return _counted(per_user, others, len(holdings.devices))
 
 
 def _counted(per_user: Counter[str], others: Counter[str], devices: int) -> str:

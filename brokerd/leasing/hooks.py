@@ -1,6 +1,7 @@
 """What follows a lease's life besides the store: device-node gating (brokerd/addons/enforce),
 accounting (brokerd/state/accounting.py), the metrics and the dashboard. Each is a LeaseHook the
-service calls at three moments; the lease path itself stays in brokerd/core/service.py.
+core calls at three moments (brokerd/core/ledger.py); add-ons plug them in with
+`BrokerService.add_hook`.
 
 - `restored(active)`: at start-up, after the store's leases are back and before anyone is
   served, so a hook can reconcile what it keeps outside the store (ACL entries).

@@ -2,7 +2,7 @@
 
 Plain, synchronous Python with no gRPC, no I/O and an injectable clock, so that every
 interleaving can be tested (tests/test_lease_properties.py drives it with a hypothesis
-state machine). The async layer (brokerd/core/service.py) persists what this returns before
+state machine). The async layer (brokerd/core/ledger.py) persists what this returns before
 anyone hears of it. Who may ask for what is not decided here: the service checks that
 first, in brokerd/core/permissions.py.
 
@@ -13,7 +13,10 @@ Invariants (checked by `check_invariants`):
 - a queued request that its own user's leases block, or that a policy limit holds back,
   reserves nothing (no head-of-line hogging: see brokerd/leasing/reservations.py).
 
-The waiting side (fair order, what waiters keep, backfill, the pump) is brokerd/leasing/queue.py.
+It is made of two parts it is given nothing else to share with: what the devices are
+doing (Holdings, brokerd/leasing/holdings.py) and the waiting side (LeaseQueue: fair order,
+what waiters keep, backfill, the pump; brokerd/leasing/queue.py). The manager holds the
+rules between them: who gets what, and how a lease ends.
 """
 
 from __future__ import annotations
@@ -25,43 +28,42 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import replace
 
 from brokerd.base.process import Holder, ProcessId
-from brokerd.contract import Evaluation, Requirement, evaluate
+from brokerd.contract import Requirement, evaluate
 from brokerd.devices.model import Device
+from brokerd.leasing import endings
 from brokerd.leasing.errors import Busy, Ended, LeaseError, NotFound, Unsatisfiable
+from brokerd.leasing.evaluations import Evaluations
 from brokerd.leasing.fairshare import UsageBook
 from brokerd.leasing.holders_line import holders_line
+from brokerd.leasing.holdings import Holdings
 from brokerd.leasing.model import (
     ENDED_STATES,
-    EXPIRED,
-    HOLDER_EXITED,
     LOST,
     RELEASED,
     REVOKED,
-    TIME_LIMIT,
     Ask,
+    Grant,
     Lease,
     LeaseTerms,
     Request,
     UserLimits,
 )
-from brokerd.leasing.queue import QueueSide
-from brokerd.leasing.queue_rules import BACKFILL, OrderBasis, wait_reason
+from brokerd.leasing.queue import LeaseQueue
+from brokerd.leasing.queue_rules import BACKFILL, wait_reason
 from brokerd.leasing.reservations import Reservations
 from brokerd.leasing.selection import select_devices
-from vaccel_common.units import format_duration
 
 _HISTORY = 1000
 _NO_TERMS = LeaseTerms()
 _NO_ASK = Ask()
 _NO_LIMITS = UserLimits()
-_EVALUATION_CACHE = 256
 
 
 def _new_id(prefix: str) -> str:
     return f"{prefix}{secrets.token_hex(6)}"
 
 
-class LeaseManager(QueueSide):
+class LeaseManager:
     def __init__(
         self,
         devices: Sequence[Device] = (),
@@ -75,27 +77,53 @@ class LeaseManager(QueueSide):
         self.max_duration_s = max_duration_s
         self._clock = clock
         self._new_id = new_id
-        self.devices: dict[str, Device] = {d.uuid: d for d in devices}
-        self.unavailable: dict[str, str] = {}  # uuid -> why it must not be granted now
-        self.drained: dict[str, str] = {}  # uuid -> why an admin took it out of the pool
-        self.leases: dict[str, Lease] = {}  # active only
-        self.owner: dict[str, str] = {}  # device uuid -> active lease id
-        self.queue: list[Request] = []
-        self.last_used: dict[str, float] = {}
-        self.ended: dict[str, Lease] = {}  # recent history, oldest first
-        self._evaluations: dict[Hashable, Evaluation] = {}  # valid for the current devices
+        self.holdings = Holdings(devices)
         self.usage = UsageBook()  # recent use per user, for the fair queue and the limits
-        self.aging_s = 4 * 3600.0  # a request this old goes ahead of all younger ones
-        # Whether a queued request may carry a "backfill window" reason, which the next pump
-        # must replace if no free device is left. Reasons are told only by submit() and
-        # pump(): each sets it when it tells one, and the pump clears it once it has told
-        # every such request again.
-        self.backfill_told = False
-        # The queue as it was last put in fair order (the very list and its length then),
-        # and what that order rested on: see QueueSide._fair_order.
-        self._sorted_queue: list[Request] | None = None
-        self._sorted_length = 0
-        self._order_basis: OrderBasis | None = None
+        # The queue reads the clock through the manager, so a clock swapped in (tests) is its too.
+        self.waiting = LeaseQueue(self.holdings, self.usage, lambda: self._clock())
+        self.ended: dict[str, Lease] = {}  # recent history, oldest first
+        self._evaluations = Evaluations()
+
+    # -- what the parts hold, by the names the rest of the daemon reads -----------------
+
+    @property
+    def devices(self) -> dict[str, Device]:
+        return self.holdings.devices
+
+    @property
+    def leases(self) -> dict[str, Lease]:
+        """The active leases, by id."""
+        return self.holdings.leases
+
+    @property
+    def owner(self) -> dict[str, str]:
+        """Device uuid -> the active lease that holds it."""
+        return self.holdings.owner
+
+    @property
+    def drained(self) -> dict[str, str]:
+        return self.holdings.drained
+
+    @property
+    def unavailable(self) -> dict[str, str]:
+        return self.holdings.unavailable
+
+    @property
+    def last_used(self) -> dict[str, float]:
+        return self.holdings.last_used
+
+    @property
+    def queue(self) -> list[Request]:
+        """The waiting requests, in the order they are served."""
+        return self.waiting.requests
+
+    @property
+    def aging_s(self) -> float:
+        return self.waiting.aging_s
+
+    @aging_s.setter
+    def aging_s(self, value: float) -> None:
+        self.waiting.aging_s = value
 
     # -- inventory ---------------------------------------------------------------------
 
@@ -106,58 +134,16 @@ class LeaseManager(QueueSide):
         end as LOST (their holders are told); busy-but-healthy devices keep their lease."""
         if self.devices != {d.uuid: d for d in devices}:
             self._evaluations.clear()
-            self.devices = {d.uuid: d for d in devices}
+            self.holdings.devices = {d.uuid: d for d in devices}
             # Queued requests were judged against the old devices: judge them again.
             for request in self.queue:
                 request.evaluation = evaluate(request.requirement, list(self.devices.values()))
-        self.unavailable = dict(unavailable or {})
-        lost = []
-        for lease in list(self.leases.values()):
-            gone = [u for u in lease.devices if u not in self.devices]
-            sick = [u for u in lease.devices if u in self.devices and not self.devices[u].healthy]
-            if gone or sick:
-                why = (
-                    f"device {gone[0]} disappeared" if gone
-                    else f"device {sick[0]} is unhealthy: {self.devices[sick[0]].health_reason}"
-                )
-                lost.append(self._end(lease, LOST, why))
-        return lost
-
-    def leases_by_user(self) -> dict[int, list[Lease]]:
-        """The active leases, grouped by their holder's uid (in the order they were granted)."""
-        by_user: dict[int, list[Lease]] = {}
-        for lease in self.leases.values():
-            by_user.setdefault(lease.holder.uid, []).append(lease)
-        return by_user
-
-    def device_state(self, uuid: str) -> str:
-        device = self.devices.get(uuid)
-        if device is None:
-            return "missing"
-        if uuid in self.owner:
-            return "leased"
-        if not device.healthy:
-            return "unhealthy"
-        if uuid in self.drained:
-            return "drained"
-        if uuid in self.unavailable:
-            return "busy"
-        return "free"
+        self.holdings.unavailable = dict(unavailable or {})
+        return [self._end(lease, LOST, why) for lease, why in self.holdings.on_lost_devices()]
 
     def drain(self, uuid: str, reason: str, *, undo: bool = False) -> None:
         """Take a device out of the pool (a lease it carries runs on), or put it back."""
-        if uuid not in self.devices and not undo:
-            raise NotFound(f"no device {uuid!r} on this host (see `vaccel status`)")
-        if undo:
-            self.drained.pop(uuid, None)
-        else:
-            self.drained[uuid] = reason or "drained by an admin"
-
-    def _free(self) -> list[Device]:
-        """The devices device_state calls free, in one pass without a call per device."""
-        owner, drained, unavailable = self.owner, self.drained, self.unavailable
-        return [d for d in self.devices.values()
-                if d.healthy and d.uuid not in owner and d.uuid not in drained and d.uuid not in unavailable]
+        self.holdings.drain(uuid, reason, undo=undo)
 
     # -- requests ----------------------------------------------------------------------
 
@@ -182,49 +168,38 @@ class LeaseManager(QueueSide):
         if limits.max_devices and requirement.gpus > limits.max_devices:
             raise Unsatisfiable(f"limit max_devices={limits.max_devices} for {limits.policy}: a request for "
                                 f"{requirement.gpus} devices can never start here")
-        evaluation = self._evaluations.get(cache_key) if cache_key is not None else None
-        if evaluation is None:
-            evaluation = evaluate(requirement, list(self.devices.values()))
-            if cache_key is not None:
-                if len(self._evaluations) >= _EVALUATION_CACHE:
-                    self._evaluations.clear()
-                self._evaluations[cache_key] = evaluation
-        if not evaluation.satisfiable:
-            message = evaluation.reason or "no device on this host satisfies the request"
-            if evaluation.suggestions:
-                message += f" (suggestion: {evaluation.suggestions[0]})"
-            raise Unsatisfiable(message, evaluation)
+        evaluation = self._evaluations.satisfiable(requirement, self.devices.values(), cache_key)
         if ask.only:
-            evaluation = self._only(evaluation, ask.only, requirement.gpus)
+            evaluation = self.waiting.only(evaluation, ask.only, requirement.gpus)
         request = Request(self._new_id("r-"), holder, requirement, evaluation, terms, self._clock(), ask, limits)
         # The requests ahead of it in the queue's order keep what they will start on; the
         # newcomer may take only what they leave it (or backfill).
-        order, basis = self._fair_order_with(request)
+        order, basis = self.waiting.fair_order_with(request)
         # Found by identity: list.index compares with the dataclass's __eq__, which builds
         # and compares a tuple of every field for each request ahead (0.11 ms per scan
         # of 500; 0.016 ms by identity).
         ahead_of_it = order[:next(i for i, r in enumerate(order) if r is request)]
-        reserved = self._reservations()
-        free = self._free()
+        reserved = self.waiting.reservations()
+        free = self.holdings.free()
         eligible = set(evaluation.eligible)
         # What those ahead keep matters only if enough free devices exist to take: on a
         # full host (hundreds waiting) a newcomer then costs no pass over the queue.
         if sum(1 for d in free if d.uuid in eligible) >= requirement.gpus:
             for ahead in ahead_of_it:
-                if not self._limit(ahead, reserved):  # their reasons stay the last pump's
+                if not self.waiting.limit(ahead, reserved):  # their reasons stay the last pump's
                     reserved.add(ahead)
-        request.reason = self._limit(request, reserved)
+        request.reason = self.waiting.limit(request, reserved)
         if not request.reason:
             lease = self._try_grant(request, reserved, free)
             if lease is not None:
                 return lease
             ahead = {r.holder.uid for r in ahead_of_it} - {holder.uid}
             request.reason = wait_reason(request, reserved, free, len(ahead))
-            self.backfill_told |= request.reason.startswith(BACKFILL)
+            self.waiting.backfill_told |= request.reason.startswith(BACKFILL)
         if not wait:
             raise Busy(f"no free device satisfies the request now ({request.reason or 'busy'}); "
                        f"{self.holders_summary()}")
-        self._queue_in_order(order, basis)
+        self.waiting.set_in_order(order, basis)
         return request
 
     def _try_grant(self, request: Request, reserved: Reservations, free: list[Device]) -> Lease | None:
@@ -254,7 +229,7 @@ class LeaseManager(QueueSide):
             devices=uuids,
             backend=devices[0].backend,
             granted_at=now,
-            expires_at=self._end_of(now, request.ask.time_limit_s),
+            expires_at=endings.end_of(now, request.ask.time_limit_s, self.max_duration_s),
             terms=request.terms,
             warnings=request.evaluation.warnings_for(uuids),
             simulated=any(d.simulated for d in devices),
@@ -263,23 +238,14 @@ class LeaseManager(QueueSide):
             reservation=request.ask.reservation,
             time_limit_s=request.ask.time_limit_s,
         )
-        self.leases[lease.id] = lease
-        for uuid in uuids:
-            self.owner[uuid] = lease.id
+        self.holdings.take(lease)
         return lease
-
-    def _end_of(self, granted_at: float, time_limit_s: float) -> float:
-        """A lease's hard end: its time limit, else the maximum duration, else none (0)."""
-        limit = time_limit_s or self.max_duration_s
-        return granted_at + limit if limit else 0.0
 
     def rollback(self, lease_id: str) -> None:
         """Undo a grant that could not be made durable, as if it never happened."""
-        lease = self.leases.pop(lease_id, None)
+        lease = self.leases.get(lease_id)
         if lease is not None:
-            for uuid in lease.devices:
-                if self.owner.get(uuid) == lease_id:
-                    del self.owner[uuid]
+            self.holdings.give_back(lease)
 
     # -- leases ------------------------------------------------------------------------
 
@@ -320,33 +286,14 @@ class LeaseManager(QueueSide):
         return self._end(lease, REVOKED, reason or f"revoked by admin uid {by_uid}")
 
     def expire(self) -> list[Lease]:
-        """End leases whose heartbeats stopped or whose maximum duration is reached."""
+        """End leases whose heartbeats stopped or whose end is reached (brokerd/leasing/endings.py)."""
         now = self._clock()
         ended = []
         for lease in list(self.leases.values()):
-            if lease.expires_at and now >= lease.expires_at:
-                ended.append(self._end(lease, *self._ending(lease)))
-            elif not lease.reservation and now - lease.last_heartbeat > self.ttl_s:
-                silent = format_duration(now - lease.last_heartbeat)
-                why = f"no heartbeat for {silent} (TTL {format_duration(self.ttl_s)})"
-                ended.append(self._end(lease, EXPIRED, why))
+            how = endings.due(lease, now, self.ttl_s, self.max_duration_s)
+            if how is not None:
+                ended.append(self._end(lease, *how))
         return ended
-
-    def _ending(self, lease: Lease) -> tuple[str, str]:
-        """The state and reason of a lease that reached its expires_at."""
-        if lease.notice:
-            return lease.ending_state or REVOKED, lease.notice
-        if lease.time_limit_s:
-            return TIME_LIMIT, f"reached its time limit of {format_duration(lease.time_limit_s)}"
-        return EXPIRED, f"reached the maximum lease duration of {format_duration(self.max_duration_s)}"
-
-    def _exit_state(self, lease: Lease, process: ProcessId) -> tuple[str, str]:
-        """How a lease ends when its holder exits: at or after its end (the holder stopped
-        because its time was up) or after being told of a revoke, as that end; else as
-        holder_exited."""
-        if (lease.expires_at and self._clock() >= lease.expires_at) or lease.ending_state == REVOKED:
-            return self._ending(lease)
-        return HOLDER_EXITED, f"holder pid {process.pid} exited"
 
     def end_early(self, lease_id: str, at: float, state: str, notice: str) -> Lease:
         """The lease will end at `at` (sooner than it would), in `state`, saying `notice` to
@@ -362,7 +309,7 @@ class LeaseManager(QueueSide):
         """An early end announced (idle reclaim) no longer applies: back to its own limit."""
         lease = self.active(lease_id)
         lease.notice, lease.ending_state = "", ""
-        lease.expires_at = self._end_of(lease.granted_at, lease.time_limit_s)
+        lease.expires_at = endings.end_of(lease.granted_at, lease.time_limit_s, self.max_duration_s)
         return lease
 
     def next_deadline(self) -> float | None:
@@ -372,15 +319,14 @@ class LeaseManager(QueueSide):
 
     def deadline(self, lease: Lease) -> float:
         """When `expire` would end this lease if nothing changed (inf: never)."""
-        silent_at = math.inf if lease.reservation else lease.last_heartbeat + self.ttl_s
-        return min(silent_at, lease.expires_at) if lease.expires_at else silent_at
+        return endings.deadline(lease, self.ttl_s)
 
     def process_exited(self, process: ProcessId) -> tuple[list[Lease], list[Request]]:
         """The kernel says this process is gone: end its leases, drop its queued requests,
         forget it as a member."""
         # A reservation is held by its user, not by the process that asked for it.
         ended = [
-            self._end(lease, *self._exit_state(lease, process))
+            self._end(lease, *endings.on_exit(lease, process, self._clock(), self.max_duration_s))
             for lease in list(self.leases.values())
             if lease.holder.process == process and not lease.reservation
         ]
@@ -388,12 +334,7 @@ class LeaseManager(QueueSide):
             lease.members.discard(process)
         dropped = [r for r in self.queue if r.holder.process == process]
         if dropped:
-            basis = self._in_order()
-            kept = [r for r in self.queue if r not in dropped]
-            if basis is not None:
-                self._queue_in_order(kept, basis)  # fewer of an ordered queue: in order still
-            else:
-                self.queue = kept
+            self.waiting.remove_all(dropped)
         return ended, dropped
 
     def involves(self, process: ProcessId) -> bool:
@@ -411,11 +352,7 @@ class LeaseManager(QueueSide):
     def _end(self, lease: Lease, state: str, reason: str) -> Lease:
         assert state in ENDED_STATES
         now = self._clock()
-        del self.leases[lease.id]
-        for uuid in lease.devices:
-            if self.owner.get(uuid) == lease.id:
-                del self.owner[uuid]
-            self.last_used[uuid] = now
+        self.holdings.give_back(lease, used_at=now)
         lease.state, lease.end_reason, lease.ended_at = state, reason, now
         self.usage.add(lease)
         self.ended[lease.id] = lease
@@ -428,24 +365,30 @@ class LeaseManager(QueueSide):
         clash = [u for u in lease.devices if u in self.owner]
         if clash:
             raise LeaseError(f"state holds two live leases on device {clash[0]}")
-        lease = replace(lease, last_heartbeat=self._clock())
-        self.leases[lease.id] = lease
-        for uuid in lease.devices:
-            self.owner[uuid] = lease.id
+        self.holdings.take(replace(lease, last_heartbeat=self._clock()))
 
     # -- views -------------------------------------------------------------------------
 
     def holders_summary(self) -> str:
         """"gpu0 alice since 10:02, gpu1 bob since 09:41", or on a large host the devices
         counted per user (brokerd/leasing/holders_line.py)."""
-        return holders_line(self)
+        return holders_line(self.holdings)
+
+    # -- the queue ---------------------------------------------------------------------
+
+    def ordered(self, queue: list[Request] | None = None) -> list[Request]:
+        """The queue (or `queue`, sorted afresh) in the order it is served."""
+        return self.waiting.ordered(queue)
+
+    def pump(self) -> list[Grant]:
+        """Grant queued requests that can now be satisfied, in the queue's order, and
+        leave on each one left waiting the reason it waits."""
+        return self.waiting.pump(self._try_grant)
+
+    def cancel(self, request_id: str) -> bool:
+        """Take a waiting request off the queue; False when it is not there."""
+        return self.waiting.cancel(request_id)
 
     def check_invariants(self) -> None:
-        owners: dict[str, str] = {}
-        for lease in self.leases.values():
-            assert lease.active, f"{lease.id} is in the active table but {lease.state}"
-            for uuid in lease.devices:
-                assert uuid not in owners, f"{uuid} held by {owners[uuid]} and {lease.id}"
-                owners[uuid] = lease.id
-        assert owners == self.owner, "owner index out of step with the leases"
+        self.holdings.check_invariants()
         assert not set(self.leases) & set(self.ended), "a lease is both active and ended"

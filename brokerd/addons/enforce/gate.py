@@ -31,7 +31,7 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from brokerd.addons.enforce import acl
 from brokerd.addons.enforce.openers import Opener, find_openers, first_login_uid
@@ -39,12 +39,10 @@ from brokerd.base.journal import log_event
 from brokerd.base.process import ProcessId
 from brokerd.base.procinfo import user_name
 from brokerd.core.reaper import signal_all
+from brokerd.core.service import BrokerService
 from brokerd.devices.nodes import gate_problem, holds_back, node_id
 from brokerd.leasing.hooks import LeaseHook
 from brokerd.leasing.model import RELEASED, Lease
-
-if TYPE_CHECKING:
-    from brokerd.core.service import BrokerService
 
 log = logging.getLogger("vaccel.brokerd")
 Scan = Callable[[], list[Opener]]  # a /proc scan, run on a thread

@@ -25,53 +25,29 @@ import secrets
 import socket
 import time
 from collections.abc import AsyncIterator, Coroutine, Hashable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from brokerd.addons.slurm.commands import Allocation, SlurmCommands
-from brokerd.addons.slurm.jobs import HOLDING, PENDING, SlurmJob, pending_order
+from brokerd.addons.slurm.jobs import HOLDING, PENDING
+from brokerd.addons.slurm.picture import SlurmPicture, Waiter
 from brokerd.addons.slurm.table import JobTable
 from brokerd.base.journal import log_event
 from brokerd.base.process import Holder
+from brokerd.config.loader import Config
 from brokerd.contract import Requirement, evaluate
 from brokerd.core.acquiring import MAX_QUEUED_PER_USER
-from brokerd.core.queueing import LEFT
-from brokerd.core.views import device_views
+from brokerd.core.ledger import LEFT
+from brokerd.core.service import BrokerService
+from brokerd.core.views import OutsideStatus, device_views
 from brokerd.core.waiting import QueuedUpdate
 from brokerd.leasing.errors import Busy, DeadlineExceeded, Internal, LeaseError, Unsatisfiable
 from brokerd.leasing.hooks import LeaseHook
 from brokerd.leasing.model import LOST, RELEASED, Lease, LeaseTerms
 from vaccel_common.units import format_duration
 
-if TYPE_CHECKING:
-    from brokerd.config.loader import Config
-    from brokerd.core.service import BrokerService
-
 log = logging.getLogger("vaccel.brokerd")
 
 POLL_INTERVAL_S = 1.0
-
-
-@dataclass(frozen=True)
-class Waiter:
-    """A vaccel request whose Slurm job is pending (for `vaccel status`'s queue)."""
-
-    job_id: int
-    holder: Holder
-    gpus: int
-    since: float
-    time_limit_s: float
-
-
-@dataclass(frozen=True)
-class BatchHold:
-    """A device a Slurm job vaccel did not make holds (sbatch, srun from elsewhere)."""
-
-    job_id: int
-    user: str
-    uid: int
-    name: str
-    since: float
 
 
 class SlurmDelegate(LeaseHook):
@@ -85,14 +61,10 @@ class SlurmDelegate(LeaseHook):
         self.table = JobTable(config.state_dir)
         self.job_of = self.table.load()  # lease id -> job id: every job vaccel made that may still run
         self.ended_jobs: dict[str, int] = {}  # the same, of recently ended leases (`vaccel leases`)
-        self.waiters: dict[int, Waiter] = {}
-        self.jobs: list[SlurmJob] = []  # the last poll
-        self.batch: dict[str, BatchHold] = {}  # device uuid -> the batch job holding it
-        self._polled = asyncio.Event()
+        self.picture = SlurmPicture(self.node)  # the last poll: pending jobs, batch holds, our waiters
         self._tasks: set[asyncio.Task[Any]] = set()
         self._asking: dict[int, int] = {}  # uid -> requests with Slurm now (pending or being granted)
         self._poller: asyncio.Task[None] | None = None
-        self._poll_error = ""
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -159,8 +131,8 @@ class SlurmDelegate(LeaseHook):
         the stream, which asks Slurm again). Asked only when the node looks free: a
         request that would wait anyway costs Slurm no job that is cancelled a second later."""
         manager = self.service.manager
-        free = [u for u in manager.devices if u not in manager.owner and u not in self.batch]
-        if len(free) < requirement.gpus or self.waiters or self.pending():
+        free = [u for u in manager.devices if u not in manager.owner and u not in self.picture.batch]
+        if len(free) < requirement.gpus or self.picture.waiters or self.picture.pending():
             raise Busy(f"no {requirement.gpus} free GPU(s) on node {self.node} now (Slurm allocates them)")
         steps = self._obtain(holder, requirement, wait=False, max_wait_s=None, **asked)
         try:
@@ -183,7 +155,7 @@ class SlurmDelegate(LeaseHook):
                     yield item
                 except GeneratorExit:
                     if isinstance(item, Lease) and not self.service.stopping:
-                        self.service._end(item.id, RELEASED, LEFT)
+                        self.service.end_lease(item.id, RELEASED, LEFT)
                     raise
         finally:
             await steps.aclose()
@@ -197,7 +169,7 @@ class SlurmDelegate(LeaseHook):
         cap = min(limits.max_waiting or MAX_QUEUED_PER_USER, MAX_QUEUED_PER_USER)
         asking = self._asking.get(holder.uid, 0)
         if asking >= cap:
-            self.service._forget_if_idle(holder.process)
+            self.service.forget_if_idle(holder.process)
             raise Busy(f"limit max_waiting={cap} for {limits.name}: {holder.user} already has {asking} "
                        "requests with Slurm; let some finish or cancel them")
         self._asking[holder.uid] = asking + 1
@@ -226,8 +198,7 @@ class SlurmDelegate(LeaseHook):
             if devices:
                 raise Unsatisfiable("naming devices (--device) is not possible where Slurm allocates this "
                                     "node's GPUs ([slurm] mode = \"delegate\"): ask for a number of GPUs")
-            limits = service.config.policy.for_user(holder.user, holder.gid)
-            time_limit = service._time_limit(limits, time_limit_s)
+            time_limit = service.time_limit_for(holder, time_limit_s)
             evaluation = evaluate(requirement, list(service.manager.devices.values()))
             if not evaluation.satisfiable:
                 message = evaluation.reason or "no device on this host satisfies the request"
@@ -246,14 +217,14 @@ class SlurmDelegate(LeaseHook):
             if allocation is not None:
                 allocation.stop()
             job_id = self.job_of.get(lease_id) or (allocation.job_id if allocation else 0)
-            self.waiters.pop(job_id, None)
+            self.picture.waiters.pop(job_id, None)
             if job_id and lease_id not in service.manager.leases:  # never granted: its job goes
                 self.job_of[lease_id] = job_id
                 self._cancel_soon(lease_id, "its request ended before a grant")
             if isinstance(exc, LeaseError):
                 log_event("refuse", f"refused {requirement.gpus} device(s) to {holder.user}: {exc}",
                           user=holder.user, pid=holder.pid, level=logging.INFO)
-            service._forget_if_idle(holder.process)
+            service.forget_if_idle(holder.process)
             raise
         yield lease
 
@@ -272,15 +243,16 @@ class SlurmDelegate(LeaseHook):
                 raise self._refusal(allocation)
             if allocation.job_id and not allocation.granted:
                 job_id = allocation.job_id
-                self.waiters.setdefault(job_id, Waiter(job_id, holder, requirement.gpus, time.time(), time_limit))
-                update = self.queued_update(job_id)
+                self.picture.waiters.setdefault(job_id, Waiter(job_id, holder, requirement.gpus, time.time(),
+                                                               time_limit))
+                update = self._queued_update(job_id)
                 if (update.position, update.total, update.message) != last:
                     last = (update.position, update.total, update.message)
                     yield update
             if deadline and time.time() >= deadline:
                 raise DeadlineExceeded(f"Slurm did not grant job {allocation.job_id} within the wait")
             allocation.changed.clear()
-            polled = asyncio.ensure_future(self._polled.wait())
+            polled = asyncio.ensure_future(self.picture.polled.wait())
             changed = asyncio.ensure_future(allocation.changed.wait())
             timeout = max(0.01, deadline - time.time()) if deadline else None
             try:
@@ -301,7 +273,7 @@ class SlurmDelegate(LeaseHook):
                      requested_at: float, time_limit: float, terms: LeaseTerms, reservation: bool) -> Lease:
         """Slurm granted `job_id`: its GRES on this node become the lease's devices, if the
         contract holds on exactly them."""
-        self.waiters.pop(job_id, None)
+        self.picture.waiters.pop(job_id, None)
         service = self.service
         jobs = await self.commands.jobs(job_id)
         indices = jobs[0].indices_on(self.node) if jobs else ()
@@ -326,71 +298,48 @@ class SlurmDelegate(LeaseHook):
         for earlier in {service.manager.owner[u] for u in uuids if u in service.manager.owner}:
             self._forget(earlier)
             self._spawn(self.table.remove(earlier))
-            service._end(earlier, LOST, f"Slurm gave its device to job {job_id}: its own slurm job has ended")
+            service.end_lease(earlier, LOST, f"Slurm gave its device to job {job_id}: its own slurm job has ended")
         service.manager.restore(Lease(
             id=lease_id, holder=holder, devices=uuids, backend=chosen[0].backend, granted_at=now,
             expires_at=now + limit if limit else 0.0, terms=terms, warnings=evaluation.warnings_for(uuids),
             simulated=any(d.simulated for d in chosen), last_heartbeat=now, requested_at=requested_at,
             reservation=reservation, time_limit_s=time_limit))
         lease = service.manager.leases[lease_id]
-        await service._persist_grant(lease)
+        await service.adopt_grant(lease)
         log_event("slurm", f"lease {lease_id} is slurm job {job_id} (GRES {list(indices)})", lease_id=lease_id,
                   job=job_id, user=holder.user)
         return lease
 
     # -- what Slurm says ---------------------------------------------------------------
 
-    def queued_update(self, job_id: int) -> QueuedUpdate:
-        """Where a pending job of ours stands, as a queue update."""
-        order = pending_order(self.jobs, self.node)
-        place = next((i for i, j in enumerate(order, 1) if j.job_id == job_id), 0)
-        held = tuple(v for v in device_views(self.service.manager) if v.lease is not None)
-        if not place:
-            return QueuedUpdate(1, max(1, len(order)), f"waiting for Slurm: job {job_id} submitted", held,
-                                f"slurm-{job_id}")
-        reason = order[place - 1].reason
-        return QueuedUpdate(place, len(order), f"waiting for Slurm: job {job_id} pending ({reason}), position "
-                                               f"{place} of {len(order)} for node {self.node}", held, f"slurm-{job_id}")
-
     def job_id(self, lease_id: str) -> int:
         """The Slurm job behind a lease, 0 = none."""
         return self.job_of.get(lease_id) or self.ended_jobs.get(lease_id, 0)
 
-    def pending(self) -> list[tuple[SlurmJob, Waiter | None]]:
-        """The pending jobs that want this node, in Slurm's order, with ours marked."""
-        return [(job, self.waiters.get(job.job_id)) for job in pending_order(self.jobs, self.node)]
+    def outside_status(self) -> OutsideStatus:
+        return self.picture.outside_status(self.mode)
+
+    def version(self) -> Hashable:
+        return self.picture.version()
+
+    def _queued_update(self, job_id: int) -> QueuedUpdate:
+        held = tuple(v for v in device_views(self.service.manager) if v.lease is not None)
+        return self.picture.queued_update(job_id, held)
 
     async def _poll_forever(self) -> None:
         while True:
             started = time.time()
-            try:
-                self.jobs = await self.commands.jobs()
-            except (OSError, TimeoutError) as exc:
-                if str(exc) != self._poll_error:
-                    log_event("slurm", f"cannot read Slurm's jobs: {exc}", level=logging.WARNING)
-                self._poll_error = str(exc)
-            else:
-                self._poll_error = ""
+            if await self.picture.refresh(self.commands):
                 self._take_in(started)
-            self._polled.set()
-            self._polled.clear()
+            self.picture.polled.set()
+            self.picture.polled.clear()
             await asyncio.sleep(max(0.05, POLL_INTERVAL_S - (time.time() - started)))
 
     def _take_in(self, started: float) -> None:
         """Batch holds from the poll, and the end of leases whose jobs Slurm ended."""
         ours = {job: lease for lease, job in self.job_of.items()}
-        by_index = {d.index: d for d in self.service.manager.devices.values()}
-        batch: dict[str, BatchHold] = {}
-        state = {}
-        for job in self.jobs:
-            state[job.job_id] = job
-            if job.holding and job.job_id not in ours and job.job_id not in self.waiters:
-                for index in job.indices_on(self.node):
-                    if index in by_index:
-                        batch[by_index[index].uuid] = BatchHold(job.job_id, job.user, job.uid, job.name,
-                                                                job.start_time)
-        changed = batch != self.batch
-        self.batch = batch
+        changed = self.picture.take_batch(ours, {d.index: d.uuid for d in self.service.manager.devices.values()})
+        state = {job.job_id: job for job in self.picture.jobs}
         for job_id, lease_id in ours.items():
             lease = self.service.manager.leases.get(lease_id)
             # Only a lease granted before this poll began can be judged by it.
@@ -401,9 +350,9 @@ class SlurmDelegate(LeaseHook):
                 how = f"{job.state.lower()} ({job.reason})" if job else "gone"
                 self._forget(lease_id)
                 self._spawn(self.table.remove(lease_id))
-                self.service._end(lease_id, LOST, f"its slurm job {job_id} ended on Slurm's side: {how}")
+                self.service.end_lease(lease_id, LOST, f"its slurm job {job_id} ended on Slurm's side: {how}")
         if changed:
-            self.service.on_change()
+            self.service.changes.changed()
 
     def describe(self) -> str:
         """One line for the log at start-up."""

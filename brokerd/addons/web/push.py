@@ -45,8 +45,9 @@ class _Client:
 
 
 class Broadcaster:
-    """`changed()` is cheap and synchronous (it runs inside the service's on_change);
-    building the event happens once per push, on the loop, shared by every client."""
+    """`changed()` is cheap and synchronous (it runs inside the service's change feed,
+    brokerd/core/changes.py); building the event happens once per push, on the loop, shared
+    by every client."""
 
     def __init__(self, snapshot: Callable[[], dict[str, Any]], clock: Callable[[], float] = time.monotonic) -> None:
         self._snapshot = snapshot

@@ -15,17 +15,15 @@ import ipaddress
 import logging
 from collections.abc import Awaitable, Callable
 from importlib import resources
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from brokerd.addons.web import shapes
 from brokerd.addons.web.push import Broadcaster
 from brokerd.base.journal import log_event
+from brokerd.core.plugins import Reporter
+from brokerd.core.service import BrokerService
 from vaccel_common.units import parse_duration
-
-if TYPE_CHECKING:
-    from brokerd.core.service import BrokerService
 
 log = logging.getLogger("vaccel.brokerd")
 
@@ -72,10 +70,10 @@ def _loopback(host: str) -> bool:
 
 
 class Dashboard:
-    def __init__(self, service: BrokerService, listen: str) -> None:
+    def __init__(self, service: BrokerService, listen: str, accounting: Reporter | None = None) -> None:
         self.service = service
         self.host, self.port = split_listen(listen)
-        self.reports = shapes.ReportSource(service)
+        self.reports = shapes.ReportSource(accounting)
         self.push = Broadcaster(lambda: shapes.status(service))
         self._files = {path: (resources.files("brokerd.addons.web").joinpath("static", name).read_bytes(), kind)
                        for path, (name, kind) in _FILES.items()}

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from brokerd.base.process import Identity
-from brokerd.edge.servicer import status_reply
+from brokerd.core.plugins import Reporter
+from brokerd.core.service import BrokerService
+from brokerd.edge.messages import status_reply
+from brokerd.state.report import report_json
 from vaccel_common.status_json import status_json
-
-if TYPE_CHECKING:
-    from brokerd.core.service import BrokerService
 
 log = logging.getLogger("vaccel.brokerd")
 
@@ -57,30 +57,28 @@ def timeline(service: BrokerService, hours: float, now: float | None = None) -> 
 
 
 class ReportSource:
-    """The usage report through the accounting part (brokerd/state/accounting.py), when the
-    daemon has one: `service.accounting`, with `report()` shaped by brokerd/state/report.py's
-    `report_json`. Results are cached per question for a few seconds."""
+    """The usage report through the accounting (brokerd/state/accounting.py), when the daemon
+    keeps one, shaped by brokerd/state/report.py's `report_json`. Results are cached per
+    question for a few seconds."""
 
-    def __init__(self, service: BrokerService, clock=time.monotonic) -> None:  # type: ignore[no-untyped-def]
-        self.service = service
+    def __init__(self, accounting: Reporter | None, clock=time.monotonic) -> None:  # type: ignore[no-untyped-def]
+        self.accounting = accounting
         self._clock = clock
         self._cache: dict[tuple[float, str], tuple[float, dict[str, Any]]] = {}
 
     def available(self) -> bool:
-        return getattr(self.service, "accounting", None) is not None
+        return self.accounting is not None
 
     async def report(self, since_s: float, by: str) -> dict[str, Any] | None:
         """The report of the last `since_s` seconds grouped `by`; None without accounting.
         The query runs on the accounting's own thread (`areport`), never on the loop."""
-        accounting = getattr(self.service, "accounting", None)
+        accounting = self.accounting
         if accounting is None:
             return None
         key = (since_s, by)
         cached = self._cache.get(key)
         if cached is not None and self._clock() - cached[0] < REPORT_CACHE_S:
             return cached[1]
-        from brokerd.state.report import report_json  # the accounting part's module; present when it is
-
         until = time.time()
         shaped = report_json(await accounting.areport(since=until - since_s, until=until, by=by,
                                                       viewer_uid=ANONYMOUS.uid, viewer_is_admin=False))

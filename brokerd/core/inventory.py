@@ -1,0 +1,93 @@
+"""The device picture the broker acts on: each fresh probe adopted (devices held back,
+leases on lost devices ended, GPU processes matched to leases, idle reclaim), and the
+re-probing timer. How a probe is believed is brokerd/devices/watch.py."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+
+from brokerd.base.journal import log_event
+from brokerd.base.procinfo import ancestors, process_info
+from brokerd.config.loader import Config
+from brokerd.core.changes import ChangeFeed
+from brokerd.core.tasks import Tasks
+from brokerd.core.views import summary
+from brokerd.devices.model import Device, Snapshot
+from brokerd.devices.nodes import ungated as enforcement_holds_back
+from brokerd.devices.occupancy import Occupancy, classify
+from brokerd.devices.watch import UnleasedSignaller, probe_forever
+from brokerd.leasing.manager import LeaseManager
+from brokerd.leasing.model import Lease
+
+
+class Inventory:
+    def __init__(self, manager: LeaseManager, snapshot: Snapshot, *, config: Callable[[], Config], tasks: Tasks,
+                 changes: ChangeFeed, record_end: Callable[[Lease], asyncio.Future[None]],
+                 pump_soon: Callable[[], None], reclaim_idle: Callable[[], None],
+                 refresh: Callable[[], Snapshot] | None = None) -> None:
+        self.manager = manager
+        self.snapshot = snapshot
+        self.occupancy = Occupancy()
+        self._config = config
+        self.tasks = tasks
+        self.changes = changes
+        self._record_end = record_end
+        self._pump_soon = pump_soon
+        self._reclaim_idle = reclaim_idle
+        self._refresh = refresh
+        self._unleased = UnleasedSignaller()
+
+    def start(self) -> None:
+        """Re-probe periodically, if the config asks for it and there is a probe to run."""
+        if self._refresh is not None and self._config().probe_interval_s > 0:
+            probing = probe_forever(self._refresh, self.apply, current=lambda: self.snapshot,
+                                    interval_s=lambda: self._config().probe_interval_s)
+            self.tasks.spawn(probing, name="probe")
+
+    def apply(self, snapshot: Snapshot) -> None:
+        """Adopt a fresh probe: grant what it freed, tell whoever follows the changes."""
+        before = (self.manager.devices.keys(), dict(self.manager.unavailable))
+        self.adopt(snapshot)
+        if before != (self.manager.devices.keys(), self.manager.unavailable):
+            log_event("inventory", f"devices now: {summary(self.manager)}")
+            self._pump_soon()
+            self.changes.changed()
+        config = self._config()
+        if config.unleased_processes == "signal":
+            self._unleased.signal(self.occupancy, config.unleased_grace_s)
+        self._reclaim_idle()
+
+    def adopt(self, snapshot: Snapshot) -> None:
+        """Adopt a snapshot: hold back unhealthy devices and devices used without a lease
+        (allocation fails closed), end leases on lost devices."""
+        self.snapshot = snapshot
+        self.occupancy, unavailable = occupancy_of(snapshot, self.manager.leases.values(),
+                                                   self._config().enforce_mode)
+        for lost in self.manager.set_inventory(snapshot.devices, unavailable):
+            self.tasks.keep(self._record_end(lost))
+
+
+def occupancy_of(
+    snapshot: Snapshot, leases: Iterable[Lease], enforce: str = "off"
+) -> tuple[Occupancy, dict[str, str]]:
+    """Match the snapshot's GPU processes to leases. Returns the occupancy and the devices
+    that must not be granted now, with why: used without a lease (allocation fails
+    closed), unhealthy, or (with `enforce` = config.enforce_mode "acl") not gated: their
+    device nodes cannot be found or are open to everyone (brokerd/devices/nodes.py)."""
+    leases = list(leases)
+    occupancy = classify(
+        snapshot.processes,
+        {lease.id: {lease.holder.pid, *(member.pid for member in lease.members)} for lease in leases},
+        {lease.id: set(lease.devices) for lease in leases},
+        snapshot.devices,
+        ancestry=ancestors,
+        info=process_info,
+        reserved={u: (lease.holder.uid, lease.id) for lease in leases if lease.reservation for u in lease.devices},
+    )
+    ungated = enforcement_holds_back(snapshot.devices) if enforce == "acl" else {}
+    return occupancy, {**ungated, **occupancy.busy, **_unhealthy(snapshot.devices)}
+
+
+def _unhealthy(devices: tuple[Device, ...]) -> dict[str, str]:
+    return {d.uuid: d.health_reason or "unhealthy" for d in devices if not d.healthy}

@@ -1,0 +1,51 @@
+"""The interfaces add-ons plug into the core through, besides the lease hooks
+(brokerd/leasing/hooks.py) and the change feed (brokerd/core/changes.py).
+
+An Allocator decides grants instead of the broker's own queue (Slurm in delegate mode,
+brokerd/addons/slurm/): the acquire path hands it every request, and the status shows
+what it holds and who waits with it. It grants through the service's `adopt_grant` and
+ends through `end_lease`, so the store, the hooks and the end states stay the usual ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Hashable
+from typing import Any, Protocol
+
+from brokerd.base.process import Holder
+from brokerd.contract import Requirement
+from brokerd.core.views import OutsideStatus
+from brokerd.core.waiting import QueuedUpdate
+from brokerd.leasing.model import Lease
+from brokerd.state.report import Report
+
+
+class Allocator(Protocol):
+    mode: str
+
+    def acquire(self, holder: Holder, requirement: Requirement, *, wait: bool, max_wait_s: float | None,
+                **asked: Any) -> AsyncIterator[QueuedUpdate | Lease]:
+        """QueuedUpdate while the request waits, then its Lease (durable)."""
+        ...
+
+    async def acquire_now(self, holder: Holder, requirement: Requirement, **asked: Any) -> Lease:
+        """The Lease at once, or Busy."""
+        ...
+
+    def job_id(self, lease_id: str) -> int:
+        """The allocator's own id of the allocation behind a lease, 0 = none."""
+        ...
+
+    def outside_status(self) -> OutsideStatus:
+        """What it holds and who waits with it, now."""
+        ...
+
+    def version(self) -> Hashable:
+        """Changes whenever `outside_status()` would (the Status reply's cache key)."""
+        ...
+
+
+class Reporter(Protocol):
+    async def areport(self, since: float, until: float, by: str, viewer_uid: int, viewer_is_admin: bool) -> Report:
+        """Usage over a period, grouped `by`; other users' rows only for an admin viewer."""
+        ...

@@ -1,0 +1,56 @@
+"""When and how a lease ends, as pure rules over a lease, the time and the broker's TTL
+and maximum duration: the lease manager applies them (brokerd/leasing/manager.py).
+
+A lease ends on release, on its holder's exit, after `ttl_s` without a heartbeat (not a
+reservation: its user holds it, not a process), or at `expires_at`: its time limit, else
+the maximum duration, or sooner when an early end was announced (a revoke with grace, an
+idle reclaim), in the state that announcement named.
+"""
+
+from __future__ import annotations
+
+import math
+
+from brokerd.base.process import ProcessId
+from brokerd.leasing.model import EXPIRED, HOLDER_EXITED, REVOKED, TIME_LIMIT, Lease
+from vaccel_common.units import format_duration
+
+
+def end_of(granted_at: float, time_limit_s: float, max_duration_s: float) -> float:
+    """A lease's hard end: its time limit, else the maximum duration, else none (0)."""
+    limit = time_limit_s or max_duration_s
+    return granted_at + limit if limit else 0.0
+
+
+def deadline(lease: Lease, ttl_s: float) -> float:
+    """When the lease ends if nothing changes (inf: never)."""
+    silent_at = math.inf if lease.reservation else lease.last_heartbeat + ttl_s
+    return min(silent_at, lease.expires_at) if lease.expires_at else silent_at
+
+
+def due(lease: Lease, now: float, ttl_s: float, max_duration_s: float) -> tuple[str, str] | None:
+    """The state and reason the lease ends in at `now`, None while it runs on."""
+    if lease.expires_at and now >= lease.expires_at:
+        return at_its_end(lease, max_duration_s)
+    if not lease.reservation and now - lease.last_heartbeat > ttl_s:
+        silent = format_duration(now - lease.last_heartbeat)
+        return EXPIRED, f"no heartbeat for {silent} (TTL {format_duration(ttl_s)})"
+    return None
+
+
+def at_its_end(lease: Lease, max_duration_s: float) -> tuple[str, str]:
+    """The state and reason of a lease that reached its expires_at."""
+    if lease.notice:
+        return lease.ending_state or REVOKED, lease.notice
+    if lease.time_limit_s:
+        return TIME_LIMIT, f"reached its time limit of {format_duration(lease.time_limit_s)}"
+    return EXPIRED, f"reached the maximum lease duration of {format_duration(max_duration_s)}"
+
+
+def on_exit(lease: Lease, process: ProcessId, now: float, max_duration_s: float) -> tuple[str, str]:
+    """How a lease ends when its holder exits: at or after its end (the holder stopped
+    because its time was up) or after being told of a revoke, as that end; else as
+    holder_exited."""
+    if (lease.expires_at and now >= lease.expires_at) or lease.ending_state == REVOKED:
+        return at_its_end(lease, max_duration_s)
+    return HOLDER_EXITED, f"holder pid {process.pid} exited"
