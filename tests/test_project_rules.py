@@ -89,3 +89,40 @@ def test_the_shared_layer_imports_nothing_of_either_side():
                  for number, line in enumerate(path.read_text().splitlines(), 1)
                  if re.match(r"\s*(from|import)\s+(vaccel|brokerd)\b(?!_common)", line)]
     assert offenders == []
+
+
+# The daemon's layers, lowest first: a module may import its own layer and those below it,
+# never one above (brokerd/__init__.py says what each owns).
+LAYERS = ("base", "devices", "contract", "leasing", "config", "state", "core", "edge", "addons", "daemon")
+
+
+def test_no_import_circles_anywhere():
+    from tests.import_graph import cycles, edges
+
+    assert cycles(edges()) == []
+
+
+def test_the_daemon_imports_only_down_its_layers():
+    from tests.import_graph import edges
+
+    upward = []
+    for module, targets in edges().items():
+        parts = module.split(".")
+        if parts[0] != "brokerd" or len(parts) < 3:
+            continue
+        layer = LAYERS.index(parts[1])
+        for target in targets:
+            tparts = target.split(".")
+            if tparts[0] == "brokerd" and len(tparts) > 1 and LAYERS.index(tparts[1]) > layer:
+                upward.append(f"{module} -> {target}")
+    assert upward == []
+    top = sorted(p.name for p in (ROOT / "brokerd").iterdir() if p.name != "__pycache__")
+    assert top == sorted(["__init__.py", "__main__.py", *LAYERS])
+
+
+def test_no_module_over_400_lines():
+    from tests.import_graph import GENERATED, modules
+
+    long = [f"{path.relative_to(ROOT)}: {n}" for path in modules().values()
+            if GENERATED not in path.as_posix() and (n := len(path.read_text().splitlines())) > 400]
+    assert long == []
