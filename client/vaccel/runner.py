@@ -39,10 +39,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from vaccel.lease_types import Lease, LeaseEnding
 from vaccel.session import LeaseRequest, LeaseSession
 from vaccel_common.backends import DEVICE_ENV_VARS
+
+if TYPE_CHECKING:
+    from vaccel.containers import ContainerRun
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 _LEAVE_QUEUE = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
@@ -134,10 +138,12 @@ def run_under_lease(
     devices: tuple[str, ...] = (),
     lease_id: str = "",
     warn_signal: int | None = signal.SIGUSR1,
+    container: ContainerRun | None = None,
 ) -> int:
     """Lease (or join `lease_id`), run `command` on the lease, release; return the
-    command's exit status. Raises LeaseError, ContractFileError, or Interrupted (a signal
-    while queued)."""
+    command's exit status. Raises LeaseError, ContractFileError, Interrupted (a signal
+    while queued), or ContainerRefused. `container`: the command read as a container
+    engine's run (vaccel/containers.py), to which the lease is applied."""
     # Block the signals we handle before any thread exists (gRPC starts some), so every
     # thread inherits the mask and only this thread's sigwaitinfo ever takes them.
     signal.pthread_sigmask(signal.SIG_BLOCK, _WAITED)
@@ -148,6 +154,11 @@ def run_under_lease(
         job = None if lease_id else slurm_job.lease_for(gpus, contract=contract, config=config, socket=socket,
                                                         in_process=False)
         if job is not None:
+            if container is not None:
+                from vaccel.containers import ContainerRefused
+
+                raise ContainerRefused(f"{container.engine} run inside a Slurm job: the job's GPUs are not given "
+                                       "to containers by vaccel; run the engine without vaccel run")
             _announce(quiet, job, " (Slurm job)")
             return _supervise(command, slurm_job.NoSession(), job, child_env(job, None), wake)  # type: ignore[arg-type]
         request = LeaseRequest(gpus=gpus, min_memory_mib=min_memory_mib, wait=wait, contract=contract,
@@ -161,6 +172,8 @@ def run_under_lease(
                 lease_obj = _acquire_interruptibly(session, request, wake)
             _announce(quiet, lease_obj)
             try:
+                if container is not None:
+                    return _supervise_container(container, session, lease_obj, socket, wake, ending)
                 return _supervise(command, session, lease_obj, child_env(lease_obj, session.config_path), wake,
                                   ending)
             finally:
@@ -170,6 +183,20 @@ def run_under_lease(
         wake.close()
         _drain_wakes()
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _WAITED)
+
+
+def _supervise_container(container: ContainerRun, session: LeaseSession, lease_obj: Lease, socket: str | None,
+                         wake: _Waker, ending: _Ending) -> int:
+    """Run a container engine's `run` with the lease applied to the container (imported
+    here: a plain `vaccel run` does not pay for it)."""
+    import tempfile
+
+    from vaccel import container_argv
+    from vaccel_common.paths import client_socket
+
+    with tempfile.TemporaryDirectory(prefix="vaccel-ct-") as folder:
+        command, _ = container_argv.for_lease(container, lease_obj, client_socket(socket), folder)
+        return _supervise(command, session, lease_obj, child_env(lease_obj, session.config_path), wake, ending)
 
 
 def _announce(quiet: bool, lease_obj: Lease, source: str = "") -> None:
