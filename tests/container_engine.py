@@ -55,7 +55,7 @@ def missing_programs(*programs: str) -> list[str]:
 
 
 def image_tar() -> bytes:
-    """The image's whole filesystem: an empty skeleton whose bin, lib and sbin point into /usr,
+    """The image's whole filesystem: an empty skeleton whose bin and lib point into /usr,
     which every container gets from the host read-only. Made in memory, numeric owners."""
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w") as tar:
@@ -65,10 +65,12 @@ def image_tar() -> bytes:
             info.type, info.mode, info.size, info.linkname = kind, mode, len(data), target
             tar.addfile(info, io.BytesIO(data) if data else None)
 
-        for folder in ("usr", "etc", "proc", "sys", "dev", "run", "root"):
+        # sbin is a folder of its own: docker's --init mounts its init at /sbin/docker-init,
+        # which cannot be made inside the read-only /usr (the host's sbin stays in PATH as /usr/sbin).
+        for folder in ("usr", "etc", "proc", "sys", "dev", "run", "root", "sbin"):
             add(folder)
         add("tmp", mode=0o1777)
-        for link in ("bin", "lib", "lib64", "sbin"):
+        for link in ("bin", "lib", "lib64"):
             add(link, tarfile.SYMTYPE, 0o777, target=f"usr/{link}")
         add("etc/passwd", tarfile.REGTYPE, 0o644,
             b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n")
