@@ -17,8 +17,8 @@ in ../shared/notes/containers.md (docs/containers.md says what each enforces):
   rootless containers get no cgroup of their own), and the podman pause process stopped by its pid.
 
 Everything started is stopped by the pid we hold or read from the engine's own pid file; nothing
-is looked up by name. Session fixtures `docker_engine` and `rootless_podman` (below) start each
-engine once for the whole run.
+is looked up by name. Session fixtures `docker_engine` and `rootless_podman` (below, registered in
+tests/conftest.py so that there is one of each for the whole run) start each engine when first asked.
 """
 
 from __future__ import annotations
@@ -282,8 +282,8 @@ def _engine_folder(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
 
 
-@pytest.fixture(scope="session")
-def docker_engine() -> Iterator[DockerEngine]:
+@pytest.fixture(scope="session", name="docker_engine")
+def docker_engine_fixture() -> Iterator[DockerEngine]:
     """A private dockerd with the host-/usr image imported, for the whole test run."""
     if os.geteuid() != 0:
         pytest.skip("a private dockerd needs root")
@@ -301,8 +301,8 @@ def docker_engine() -> Iterator[DockerEngine]:
     engine.stop()
 
 
-@pytest.fixture(scope="session")
-def rootless_podman() -> Iterator[RootlessPodman]:
+@pytest.fixture(scope="session", name="rootless_podman")
+def rootless_podman_fixture() -> Iterator[RootlessPodman]:
     """Podman as the unprivileged user vaccel-ctuser, with the host-/usr image imported."""
     if os.geteuid() != 0:
         pytest.skip("creating the rootless podman user needs root")

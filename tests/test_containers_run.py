@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, Broker
-from tests.container_engine import DockerEngine, docker_engine  # noqa: F401 - the `docker_engine` fixture
+from tests.container_engine import DockerEngine
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mknod and a private dockerd need root")
 
