@@ -236,15 +236,22 @@ class RootlessPodman:
 
     def podman(self, *args: str, timeout: float = 60, check: bool = False,
                input: bytes | None = None) -> subprocess.CompletedProcess[str]:
-        """Run podman as the user (text output; the '"/" is not a shared mount' warning dropped)."""
-        r = subprocess.run([PODMAN, *args], user=self.user.pw_uid, group=self.user.pw_gid, extra_groups=[],
-                           env=self.env, cwd="/", input=input, capture_output=True, timeout=timeout)
-        stderr = "\n".join(line for line in r.stderr.decode(errors="replace").splitlines()
-                           if "is not a shared mount" not in line)
-        done = subprocess.CompletedProcess(r.args, r.returncode, r.stdout.decode(errors="replace"), stderr)
+        """Run podman as the user."""
+        done = self.run_as_user([PODMAN, *args], timeout=timeout, input=input)
         if check and done.returncode != 0:
             raise AssertionError(f"podman {' '.join(args)} exited {done.returncode}: {done.stderr.strip()}")
         return done
+
+    def run_as_user(self, argv: list[str], env: dict[str, str] | None = None, timeout: float = 120,
+                    input: bytes | None = None) -> subprocess.CompletedProcess[str]:
+        """Run a command as the user, with its own groups only and this podman's environment
+        (or `env`); text output, podman's '"/" is not a shared mount' warning dropped."""
+        r = subprocess.run(argv, user=self.user.pw_uid, group=self.user.pw_gid, extra_groups=[],
+                           env=self.env if env is None else env, cwd="/", input=input, capture_output=True,
+                           timeout=timeout)
+        stderr = "\n".join(line for line in r.stderr.decode(errors="replace").splitlines()
+                           if "is not a shared mount" not in line)
+        return subprocess.CompletedProcess(r.args, r.returncode, r.stdout.decode(errors="replace"), stderr)
 
     def import_image(self) -> str:
         self.podman("import", "--change", 'CMD ["/bin/sh"]', "-", PODMAN_IMAGE, input=image_tar(), check=True)

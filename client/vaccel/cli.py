@@ -12,7 +12,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vaccel.cli_parser import Parser, RawDescriptionHelpFormatter
 from vaccel.connection import BrokerConnection, BrokerUnavailable
@@ -22,6 +22,9 @@ from vaccel_common import status_json as status_shape
 from vaccel_common.text import printable
 from vaccel_common.units import format_duration, parse_duration, parse_size_mib
 from vaccel_common.v1 import broker_pb2 as pb
+
+if TYPE_CHECKING:
+    from vaccel.containers import ContainerRun
 
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
@@ -249,7 +252,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 _ENGINE_PROGRAMS = ("docker", "podman", "podman-remote")
 
 
-def _container_run(command: list[str]) -> Any:
+def _container_run(command: list[str]) -> ContainerRun | None:
     """The command read as a container engine's run (vaccel/containers.py), None for any other
     command; a run that would defeat the lease is refused here, before anything starts."""
     if os.path.basename(command[0]) not in _ENGINE_PROGRAMS:
