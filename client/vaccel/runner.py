@@ -194,6 +194,9 @@ def _supervise_container(container: ContainerRun, session: LeaseSession, lease_o
     from vaccel import container_argv
     from vaccel_common.paths import client_socket
 
+    # The engine's client catches every signal and passes it on to the container, whose command
+    # may not handle the warning signal and would die of it: the coming end is only printed.
+    ending.warn_signal = None
     with tempfile.TemporaryDirectory(prefix="vaccel-ct-") as folder:
         command, _ = container_argv.for_lease(container, lease_obj, client_socket(socket), folder)
         return _supervise(command, session, lease_obj, child_env(lease_obj, session.config_path), wake, ending)
