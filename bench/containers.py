@@ -31,17 +31,8 @@ if __package__ in (None, ""):  # run as a script: make `bench` and `tests` impor
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.stats import summary_ms
 from tests.conftest import LAB_INVENTORY, Broker
-from tests.container_engine import (
-    DOCKER,
-    DOCKERD,
-    IMAGE,
-    PODMAN,
-    PODMAN_IMAGE,
-    DockerEngine,
-    RootlessPodman,
-    ensure_rootless_user,
-    missing_programs,
-)
+from tests.container_engine import DOCKER, DOCKERD, IMAGE, PODMAN, PODMAN_IMAGE, DockerEngine, missing_programs
+from tests.podman_engine import RootlessPodman, ensure_rootless_user
 
 BARE = "docker run --rm IMAGE true"
 LEASED = "vaccel run --gpus 1 -- docker run --rm IMAGE true"

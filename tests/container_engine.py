@@ -1,7 +1,7 @@
 """Real container engines for the tests, each started privately from the measured recipe
 in ../shared/notes/containers.md (docs/containers.md says what each enforces):
 
-    engine = DockerEngine(Path(tempfile.mkdtemp(prefix="vct-", dir="/tmp")))
+    engine = DockerEngine(engine_folder("vct-d-"))
     engine.start()                       # a private dockerd; raises EngineStartError with its log
     engine.import_image()                # the host-/usr image, offline, in well under a second
     engine.docker("run", "--rm", *engine.image_args(), "true")
@@ -12,20 +12,18 @@ in ../shared/notes/containers.md (docs/containers.md says what each enforces):
   /var/run/docker.sock. No bridge and no iptables: containers run with `--network none`.
 - The image borrows the host's merged /usr read-only (`-v /usr:/usr:ro`, see `image_args`): no
   registry, no download, the host's own python3 and the test venv (mounted at its own path).
-- Rootless podman: a real Unix user with an /etc/subuid range, its own HOME, XDG_RUNTIME_DIR,
-  containers.conf and overlay storage under the temp folder; runc, cgroupfs (cgroup v1 here:
-  rootless containers get no cgroup of their own), and the podman pause process stopped by its pid.
+- Podman, rootful (its API on a private socket) and rootless (a real user): tests/podman_engine.py.
 
 Everything started is stopped by the pid we hold or read from the engine's own pid file; nothing
-is looked up by name. Session fixtures `docker_engine` and `rootless_podman` (below, registered in
-tests/conftest.py so that there is one of each for the whole run) start each engine when first asked.
+is looked up by name. The session fixtures `docker_engine` (below), `rootful_podman` and
+`rootless_podman` (tests/podman_engine.py) are registered in tests/conftest.py, so that there is
+one of each for the whole run, started when a test first asks for it.
 """
 
 from __future__ import annotations
 
 import io
 import os
-import pwd
 import shutil
 import signal
 import subprocess
@@ -42,7 +40,6 @@ DOCKERD = "/usr/sbin/dockerd"
 PODMAN = "/usr/bin/podman"
 IMAGE = "vaccel-hostusr:latest"
 PODMAN_IMAGE = f"localhost/{IMAGE}"
-ROOTLESS_USER = "vaccel-ctuser"
 
 
 class EngineStartError(RuntimeError):
@@ -83,12 +80,12 @@ def image_args() -> list[str]:
     return ["--network", "none", "-v", "/usr:/usr:ro"]
 
 
-def _mounts_under(base: Path) -> list[str]:
+def mounts_under(base: Path) -> list[str]:
     with open("/proc/self/mountinfo") as f:
         return [line.split()[4] for line in f if line.split()[4].startswith(f"{base}/")]
 
 
-def _processes_under(base: Path) -> list[int]:
+def processes_under(base: Path) -> list[int]:
     """Pids whose command line names the engine's folder (dockerd's containerd, its shims):
     the engine's own helpers, started by us. Used to check, and to clean up after a failure."""
     found = []
@@ -104,7 +101,7 @@ def _processes_under(base: Path) -> list[int]:
     return found
 
 
-def _wait_gone(pid: int, timeout: float) -> bool:
+def wait_gone(pid: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -179,10 +176,10 @@ class DockerEngine:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        left = _processes_under(self.base)
+        left = processes_under(self.base)
         for pid in left:  # only after a failure: dockerd stops its own helpers
             os.kill(pid, signal.SIGKILL)
-        mounts = _mounts_under(self.base)
+        mounts = mounts_under(self.base)
         for mount in reversed(mounts):
             subprocess.run(["umount", "-l", mount], check=False)
         shutil.rmtree(self.base, ignore_errors=True)
@@ -190,101 +187,7 @@ class DockerEngine:
             raise AssertionError(f"dockerd left processes {left} and mounts {mounts}")
 
 
-def ensure_rootless_user(name: str = ROOTLESS_USER) -> pwd.struct_passwd:
-    """A real user with a subordinate id range (rootless podman maps the container's ids into it)."""
-    try:
-        entry = pwd.getpwnam(name)
-    except KeyError:
-        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
-        entry = pwd.getpwnam(name)
-    for table, flag in (("/etc/subuid", "--add-subuids"), ("/etc/subgid", "--add-subgids")):
-        lines = Path(table).read_text().splitlines() if Path(table).exists() else []
-        if not any(line.split(":")[0] == name for line in lines):
-            # useradd adds one where login.defs says so; otherwise a range after every other one
-            end = max((int(s) + int(c) for _, s, c in (line.split(":") for line in lines if line)), default=100000)
-            subprocess.run(["usermod", flag, f"{end}-{end + 65535}", name], check=True)
-    return entry
-
-
-class RootlessPodman:
-    """Podman run by an unprivileged user, all its state under `base`."""
-
-    def __init__(self, base: Path, user: str = ROOTLESS_USER) -> None:
-        self.base = base
-        self.user = pwd.getpwnam(user)
-        self.env = {"PATH": "/usr/bin:/bin", "HOME": str(base / "home"), "XDG_RUNTIME_DIR": str(base / "run"),
-                    "CONTAINERS_CONF": str(base / "containers.conf"),
-                    "CONTAINERS_STORAGE_CONF": str(base / "storage.conf")}
-
-    def start(self) -> RootlessPodman:
-        os.chmod(self.base, 0o755)
-        for folder in ("home", "run", "storage", "runroot", "tmp"):
-            path = self.base / folder
-            path.mkdir(mode=0o700, exist_ok=True)
-            os.chown(path, self.user.pw_uid, self.user.pw_gid)
-        # default_ulimits = []: runc cannot raise the nofile limit podman asks for by default here.
-        (self.base / "containers.conf").write_text(
-            f'[containers]\nnetns = "none"\ndefault_ulimits = []\n[engine]\ncgroup_manager = "cgroupfs"\n'
-            f'events_logger = "file"\nevents_logfile_path = "{self.base}/tmp/events.log"\nruntime = "runc"\n'
-            f'tmp_dir = "{self.base}/tmp"\n')
-        # overlay, not the default vfs: a run takes ~1 s instead of ~10 s
-        (self.base / "storage.conf").write_text(
-            f'[storage]\ndriver = "overlay"\ngraphroot = "{self.base}/storage"\nrunroot = "{self.base}/runroot"\n')
-        for conf in ("containers.conf", "storage.conf"):
-            os.chmod(self.base / conf, 0o644)
-        return self
-
-    def podman(self, *args: str, timeout: float = 60, check: bool = False,
-               input: bytes | None = None) -> subprocess.CompletedProcess[str]:
-        """Run podman as the user."""
-        done = self.run_as_user([PODMAN, *args], timeout=timeout, input=input)
-        if check and done.returncode != 0:
-            raise AssertionError(f"podman {' '.join(args)} exited {done.returncode}: {done.stderr.strip()}")
-        return done
-
-    def run_as_user(self, argv: list[str], env: dict[str, str] | None = None, timeout: float = 120,
-                    input: bytes | None = None) -> subprocess.CompletedProcess[str]:
-        """Run a command as the user, with its own groups only and this podman's environment
-        (or `env`); text output, podman's '"/" is not a shared mount' warning dropped."""
-        r = subprocess.run(argv, user=self.user.pw_uid, group=self.user.pw_gid, extra_groups=[],
-                           env=self.env if env is None else env, cwd="/", input=input, capture_output=True,
-                           timeout=timeout)
-        stderr = "\n".join(line for line in r.stderr.decode(errors="replace").splitlines()
-                           if "is not a shared mount" not in line)
-        return subprocess.CompletedProcess(r.args, r.returncode, r.stdout.decode(errors="replace"), stderr)
-
-    def import_image(self) -> str:
-        self.podman("import", "--change", 'CMD ["/bin/sh"]', "-", PODMAN_IMAGE, input=image_tar(), check=True)
-        return PODMAN_IMAGE
-
-    def image_args(self) -> list[str]:
-        return image_args()
-
-    def inspect(self, container: str, template: str) -> str:
-        return self.podman("inspect", "--format", template, container, check=True).stdout.strip()
-
-    def stop(self) -> None:
-        """Remove every container, stop the user's pause process (it holds the user namespace the
-        containers shared), remove the folder."""
-        self.podman("rm", "-af", "-t", "0", timeout=60)
-        pause = self.base / "tmp" / "pause.pid"
-        if pause.exists():
-            pid = int(pause.read_text().strip())
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            else:
-                _wait_gone(pid, 10)
-        left = _processes_under(self.base)
-        for pid in left:
-            os.kill(pid, signal.SIGKILL)
-        shutil.rmtree(self.base, ignore_errors=True)
-        if left:
-            raise AssertionError(f"rootless podman left processes {left}")
-
-
-def _engine_folder(prefix: str) -> Path:
+def engine_folder(prefix: str) -> Path:
     # directly under /tmp: a Unix socket path must stay under 108 bytes
     return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
 
@@ -297,28 +200,9 @@ def docker_engine_fixture() -> Iterator[DockerEngine]:
     missing = missing_programs(DOCKERD, DOCKER)
     if missing:
         pytest.skip(f"missing {', '.join(missing)}: run scripts/setup.sh as root")
-    engine = DockerEngine(_engine_folder("vct-d-"))
+    engine = DockerEngine(engine_folder("vct-d-"))
     try:
         engine.start()
-        engine.import_image()
-    except BaseException:
-        engine.stop()
-        raise
-    yield engine
-    engine.stop()
-
-
-@pytest.fixture(scope="session", name="rootless_podman")
-def rootless_podman_fixture() -> Iterator[RootlessPodman]:
-    """Podman as the unprivileged user vaccel-ctuser, with the host-/usr image imported."""
-    if os.geteuid() != 0:
-        pytest.skip("creating the rootless podman user needs root")
-    missing = missing_programs(PODMAN, "/usr/bin/newuidmap")
-    if missing:
-        pytest.skip(f"missing {', '.join(missing)}: run scripts/setup.sh as root")
-    ensure_rootless_user()
-    engine = RootlessPodman(_engine_folder("vct-p-")).start()
-    try:
         engine.import_image()
     except BaseException:
         engine.stop()

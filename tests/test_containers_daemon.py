@@ -20,7 +20,8 @@ from brokerd.config import ConfigError, load_config
 from brokerd.containers import locate
 from brokerd.containers.engine import EngineClient, EngineError
 from brokerd.containers.membership import Containers, RootlessContainer
-from tests.container_engine import IMAGE, PODMAN_IMAGE, DockerEngine, RootlessPodman
+from tests.container_engine import IMAGE, PODMAN_IMAGE, DockerEngine
+from tests.podman_engine import RootfulPodman, RootlessPodman
 
 ID_A = "a" * 64
 ID_B = "b" * 64
@@ -315,3 +316,33 @@ def test_a_rootless_container_is_found_by_its_users_uid_and_pid_namespace(rootle
         assert rootless_podman.inspect(cid, "{{.State.Running}}") == "false"
     finally:
         rootless_podman.podman("rm", "-f", "-t", "0", cid)
+
+
+# -- rootful podman: its Docker-compatible API -------------------------------------------------
+
+
+def test_rootful_podmans_compatible_api_gives_the_same_answers(rootful_podman: RootfulPodman):
+    cid = rootful_podman.podman("run", "-d", *rootful_podman.image_args(), "--label", "org.vaccel.lease=l-p",
+                                "--label", "org.vaccel.user=root", PODMAN_IMAGE, "sleep", "303",
+                                check=True).stdout.strip()
+    init = int(rootful_podman.inspect(cid, "{{.State.Pid}}"))
+    assert locate.container_of(init) == locate.ContainerRef("podman", cid)  # /libpod_parent/libpod-<id>
+
+    async def decide():
+        held = Containers([EngineClient("docker", "/nonexistent.sock"), EngineClient("podman", rootful_podman.host)])
+        try:
+            info = await held.lease_container_of(init, "l-p")
+            named = await held.named_container(cid, "l-p", "root")
+            other_lease = await held.lease_container_of(init, "l-x")
+            stopped = await held.stop(info, 1)  # sleep as PID 1 ignores SIGTERM: SIGKILL after the grace
+            return info, named, other_lease, stopped
+        finally:
+            await held.close()
+
+    try:
+        info, named, other_lease, stopped = run(decide())
+        assert (info.engine, info.id, info.image, info.pid, info.running) == ("podman", cid, PODMAN_IMAGE, init, True)
+        assert named.pid == init and other_lease is None and stopped is True
+        assert rootful_podman.inspect(cid, "{{.State.Running}} {{.State.ExitCode}}") == "false 137"
+    finally:
+        rootful_podman.podman("rm", "-f", "-t", "0", cid)

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Broker
-from tests.container_engine import PODMAN_IMAGE, RootlessPodman
+from tests.container_engine import PODMAN_IMAGE
+from tests.podman_engine import RootlessPodman
 from tests.test_containers_run import PROBE, UUIDS, lease_id_of
 from tests.test_multiuser import staged  # noqa: F401 - staged: fixture
 
