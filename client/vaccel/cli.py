@@ -268,7 +268,7 @@ def _container_run(command: list[str]) -> ContainerRun | None:
                 raise ContainerRefused(f"{run.engine} run -d: the container would outlive its lease, which ends when "
                                        "vaccel run returns; run it in the foreground")
     except ContainerRefused as exc:
-        raise CliError(f"vaccel run: {exc}", EXIT_USAGE) from None
+        raise CliError(str(exc), EXIT_USAGE) from None
     return run
 
 

@@ -25,9 +25,13 @@ import os
 import pwd
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from vaccel.containers import ContainerRefused, ContainerRun
 from vaccel_common.backends import backend, container_runtime_env
+
+if TYPE_CHECKING:
+    from vaccel.lease_types import Lease
 
 LEASE_LABEL = "org.vaccel.lease"
 USER_LABEL = "org.vaccel.user"
@@ -43,7 +47,7 @@ class LeasedDevice:
 
 @dataclass(frozen=True)
 class ContainerLease:
-    """What of a lease a container needs (a `vaccel.lease_types.Lease`, or a test's own)."""
+    """What of a lease a container needs (from a `vaccel.lease_types.Lease`, or a test's own)."""
 
     lease_id: str
     user: str
@@ -54,15 +58,13 @@ class ContainerLease:
     socket: str  # the broker's socket
 
     @classmethod
-    def of(cls, lease: object, socket: str, user: str) -> ContainerLease:
-        devices = tuple(LeasedDevice(d.index, d.uuid, d.visible_id, tuple(d.device_nodes))
-                        for d in lease.devices)  # type: ignore[attr-defined]
-        return cls(lease.id, user, lease.backend, lease.simulated, devices, dict(lease.env),  # type: ignore[attr-defined]
-                   os.path.abspath(socket))
+    def of(cls, lease: Lease, socket: str, user: str) -> ContainerLease:
+        devices = tuple(LeasedDevice(d.index, d.uuid, d.visible_id, d.device_nodes) for d in lease.devices)
+        return cls(lease.id, user, lease.backend, lease.simulated, devices, dict(lease.env), os.path.abspath(socket))
 
 
-def for_lease(run: ContainerRun, lease: object, socket: str, folder: str) -> tuple[list[str], str]:
-    """`apply` for a granted `vaccel.lease_types.Lease` of this process's user, with the
+def for_lease(run: ContainerRun, lease: Lease, socket: str, folder: str) -> tuple[list[str], str]:
+    """`apply` for a granted lease of this process's user, with the
     container id to be written in `folder` (private, empty)."""
     try:
         user = pwd.getpwuid(os.getuid()).pw_name

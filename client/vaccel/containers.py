@@ -157,7 +157,8 @@ def _read_options(argv: list[str], at: int, syntax: _Syntax, what: str) -> tuple
                 found.append(Option(name, value, word if eq else f"{word} {value}"))
             else:
                 raise ContainerRefused(f"{what}: vaccel does not know the option {name} (it must know every option "
-                                       "to find the IMAGE); write it the way `--help` lists it")
+                                       "to find the IMAGE): check its spelling; if your engine has it, "
+                                       "vaccel/container_options.py lacks it")
             at += 1
         elif word.startswith("-") and len(word) > 1:
             at = _read_cluster(argv, at, syntax, what, found)
