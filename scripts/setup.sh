@@ -13,8 +13,11 @@ VENV=${1:-${VACCEL_VENV:?give the venv path as an argument or in VACCEL_VENV}}
 # chromium drives the web dashboard's test headless (tests/test_dashboard.py);
 # libacl1-dev builds pylibacl, the device-node ACLs of `[enforce] mode = "acl"` (brokerd/addons/enforce/);
 # slurm-wlm (pulls munge) runs tests/test_slurm.py's single-node Slurm (policy-rc.d keeps its services off).
+# docker.io, podman (with runc, catatonit for --init, and for rootless: uidmap, slirp4netns, fuse-overlayfs) and acl
+# are the container engines tests/container_engine.py starts privately (docs/containers.md); none of their
+# services is started here.
 APT_PACKAGES=(python3-venv libsystemd-dev pkg-config systemd systemd-container debootstrap zstd chromium libacl1-dev
-              slurm-wlm)
+              slurm-wlm docker.io runc podman catatonit uidmap slirp4netns fuse-overlayfs acl)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -22,8 +25,17 @@ done
 if ((${#missing[@]})); then
     if [ "$(id -u)" = 0 ]; then
         echo "setup: installing Debian packages: ${missing[*]}"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+        # Packages with a daemon (docker.io, slurm-wlm) start it from their postinst unless
+        # policy-rc.d says no: the tests start their own, privately. Keep one there meanwhile.
+        temp_policy=""
+        if [ ! -e /usr/sbin/policy-rc.d ]; then
+            printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d && temp_policy=1
+        fi
+        installed=0
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            "${missing[@]}" >/dev/null || installed=$?
+        if [ -n "$temp_policy" ]; then rm -f /usr/sbin/policy-rc.d; fi
+        if [ "$installed" != 0 ]; then exit "$installed"; fi
     else
         echo "setup: missing Debian packages (run as root to install): ${missing[*]}" >&2
     fi

@@ -19,6 +19,10 @@ from pathlib import Path
 
 import pytest
 
+# The session's container engines (started only by the tests that ask for them).
+from tests.container_engine import docker_engine_fixture  # noqa: F401
+from tests.podman_engine import rootful_podman_fixture, rootless_podman_fixture  # noqa: F401
+
 ROOT = Path(__file__).resolve().parent.parent
 LAB_INVENTORY = ROOT / "examples" / "lab-server.yaml"
 

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = {"p50_ms_1_client", "p99_ms_1_client", "ops_per_s_1_client", "ops_per_s_32_clients",
            "p50_ms_32_clients", "p99_ms_32_clients"}
@@ -109,3 +111,16 @@ def test_scale_benchmark_runs_a_tiny_host() -> None:
     # The memory reference: a bare grpc.aio server holding as many streams, in the same run.
     assert result["bare_rss_mb"]["3"] > 0 and row["bare_rss_mb"] == result["bare_rss_mb"]["3"]
     assert row["rss_x_bare"] == row["rss_mb"] / row["bare_rss_mb"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a private dockerd needs root")
+def test_containers_benchmark_prints_every_figure() -> None:
+    before = set(Path("/tmp").glob("vaccel-bench-*")) | set(Path("/tmp").glob("vct-*"))
+    done = _bench("-m", "bench.containers", "--runs", "1", "--starts", "1", "--json")
+    assert done.returncode == 0, done.stderr
+    assert set(Path("/tmp").glob("vaccel-bench-*")) | set(Path("/tmp").glob("vct-*")) <= before
+    result = json.loads(done.stdout)
+    assert set(result["figures"]) == {"docker run --rm IMAGE true", "vaccel run --gpus 1 -- docker run --rm IMAGE true"}
+    for row in (*result["figures"].values(), result["engine_start"], result["image_import"]):
+        assert row["n"] == 1 and row["p50_ms"] > 0
+    assert result["leased_x_bare"] > 0

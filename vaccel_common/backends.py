@@ -10,6 +10,23 @@ import stat
 from typing import NamedTuple
 
 
+class ContainerFacts(NamedTuple):
+    """How a container engine is handed one backend's devices (client/vaccel/containers.py
+    applies these; it names no vendor itself). A simulated device gets its `device_nodes`
+    whatever its backend: there is no real device for a vendor's toolkit to find."""
+
+    # Docker gives the devices with `--gpus "device=ID,..."`: a device driver that the vendor's
+    # container toolkit registers with dockerd. False: Docker gets the device nodes.
+    docker_gpus: bool = False
+    # The CDI kind that names one device by UUID (`--device KIND=UUID`, podman's way); "" none.
+    cdi_kind: str = ""
+    # Nodes every container of this backend needs besides each device's own nodes.
+    shared_nodes: tuple[str, ...] = ()
+    # The vendor container runtime's own selection variable, read from the container's
+    # environment (a vendor base image sets it to "all"): vaccel sets it to the leased ids.
+    runtime_visible_var: str = ""
+
+
 class Backend(NamedTuple):
     name: str  # cuda | rocm | xpu | cpu
     visible_devices_vars: tuple[str, ...]  # each gets the comma-joined device ids
@@ -23,6 +40,7 @@ class Backend(NamedTuple):
     memory_section: str = ""
     # What turns on unified (demand-paged) memory for use_unified_memory: true.
     unified_memory_env: tuple[tuple[str, str], ...] = ()
+    container: ContainerFacts = ContainerFacts()
 
 
 BACKENDS: dict[str, Backend] = {
@@ -34,6 +52,8 @@ BACKENDS: dict[str, Backend] = {
         allocator_var="PYTORCH_CUDA_ALLOC_CONF",
         torch_device_type="cuda",
         dist_backend="nccl",
+        container=ContainerFacts(docker_gpus=True, cdi_kind="nvidia.com/gpu",
+                                 runtime_visible_var="NVIDIA_VISIBLE_DEVICES"),
     ),
     "rocm": Backend(
         name="rocm",
@@ -48,6 +68,8 @@ BACKENDS: dict[str, Backend] = {
         memory_section="rocm_config",
         # XNACK lets the GPU retry a page fault, so managed and host memory migrate on use.
         unified_memory_env=(("HSA_XNACK", "1"),),
+        # the compute interface every process opens, beside the device's own render node
+        container=ContainerFacts(shared_nodes=("/dev/kfd",)),
     ),
     "xpu": Backend(
         name="xpu",
@@ -99,6 +121,44 @@ def backend_of_device_file(path: str) -> str:
         except OSError:
             return ""
     return DEVICE_MAJOR_BACKENDS.get(major, "")
+
+# Device nodes of every vendor's GPUs: a container may be given them only through its lease.
+GPU_NODE_GLOBS = ("/dev/nvidia*", "/dev/nvidia-caps/*", "/dev/dri", "/dev/dri/*", "/dev/kfd")
+# CDI kinds that name GPUs: a container may be given them only through its lease.
+GPU_CDI_KINDS = tuple(sorted({"amd.com/gpu", "intel.com/gpu", "nvidia.com/gpu"}))
+# What a vendor's runtime_visible_var holds when the lease has none of its devices: the
+# toolkit then leaves the container as plain runc would ("none" would still mount the driver).
+RUNTIME_VISIBLE_NONE = "void"
+
+
+def is_gpu_node(path: str) -> bool:
+    """Whether a path names a GPU's device node (or /dev/dri): by its name, or, for a node under
+    another name or a symlink, by the character major that only GPU drivers own."""
+    import fnmatch
+
+    real = os.path.realpath(path)
+    if any(fnmatch.fnmatchcase(p, g) for p in (os.path.normpath(path), real) for g in GPU_NODE_GLOBS):
+        return True
+    try:
+        st = os.stat(real)
+    except OSError:
+        return False
+    return stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev) in DEVICE_MAJOR_BACKENDS
+                                         or os.major(st.st_rdev) == _DRM_MAJOR)
+
+
+def container_runtime_env(backend_name: str, device_ids: list[str], simulated: bool) -> dict[str, str]:
+    """Every vendor container runtime's selection variable for a container of this lease: the
+    leased ids for the lease's own (real) backend, nothing for all the others."""
+    own = "" if simulated else backend_name
+    return {b.container.runtime_visible_var: ",".join(device_ids) if b.name == own else RUNTIME_VISIBLE_NONE
+            for b in BACKENDS.values() if b.container.runtime_visible_var}
+
+
+# The variables that choose which devices a runtime sees (a lease sets them; nothing else may).
+VISIBLE_DEVICE_VARS = frozenset(
+    var for b in BACKENDS.values()
+    for var in (*b.visible_devices_vars, *b.renumbered_vars, b.container.runtime_visible_var) if var)
 
 # Every variable any backend may set, so a lease can clear what another backend left.
 DEVICE_ENV_VARS = tuple(sorted({

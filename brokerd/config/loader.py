@@ -62,6 +62,11 @@ class Config:
     slurm_node: str = ""  # this host's Slurm NodeName, "" = the short hostname
     slurm_partition: str = ""  # "" = Slurm's default partition
     slurm_gres: str = "gpu"  # the GRES name the GPUs have in gres.conf
+    # [containers] (docs/containers.md): the engine API sockets the broker may ask ("" = none),
+    # and how long a leased container gets between SIGTERM and SIGKILL when its lease ends
+    containers_docker: str = ""
+    containers_podman: str = ""
+    containers_stop_grace_s: float = 10.0
     source: str = "<defaults>"
 
     def admin_gid(self) -> int | None:
@@ -102,6 +107,17 @@ def listen_address(value: object) -> str:
     return value
 
 
+def engine_socket(value: object) -> str:
+    """A container engine's API socket: an absolute path or unix:///path, "" for none."""
+    if not isinstance(value, str):
+        raise ValueError('write the socket as a string, e.g. "/run/docker.sock"')
+    path = value.removeprefix("unix://")
+    if value and not path.startswith("/"):
+        raise ValueError(f"{value!r}: the broker asks an engine over its local Unix socket: an absolute path "
+                         'or unix:///path, e.g. "/run/docker.sock"')
+    return path
+
+
 # TOML table.key -> (Config field, parser)
 _KEYS: dict[str, tuple[str, Any]] = {
     "server.socket": ("socket", Path),
@@ -132,6 +148,9 @@ _KEYS: dict[str, tuple[str, Any]] = {
     "slurm.node": ("slurm_node", str),
     "slurm.partition": ("slurm_partition", str),
     "slurm.gres": ("slurm_gres", str),
+    "containers.docker": ("containers_docker", engine_socket),
+    "containers.podman": ("containers_podman", engine_socket),
+    "containers.stop_grace": ("containers_stop_grace_s", parse_duration),
 }
 
 
@@ -188,6 +207,8 @@ def _validate(config: Config) -> Config:
     if missing:
         raise ConfigError(f"{where}: slurm.mode = \"delegate\" needs Slurm's client programs on PATH; "
                           f"missing: {', '.join(missing)}")
+    if not 0 <= config.containers_stop_grace_s <= 3600:
+        raise ConfigError(f"{where}: containers.stop_grace must be from 0s to 1h")
     if not config.slurm_gres or any(c in config.slurm_gres for c in ":,= "):
         raise ConfigError(f"{where}: slurm.gres must be a GRES name as gres.conf gives it, e.g. \"gpu\"")
     return config

@@ -12,7 +12,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vaccel.cli_common import (
     EXIT_REFUSED,
@@ -35,6 +35,9 @@ from vaccel.lease_types import LeaseError
 from vaccel_common import status_json as status_shape
 from vaccel_common.units import parse_duration
 from vaccel_common.v1 import broker_pb2 as pb
+
+if TYPE_CHECKING:
+    from vaccel.containers import ContainerRun
 
 DESCRIPTION = """\
 Share this host's GPUs without fighting over them: exclusive leases from vaccel-brokerd.
@@ -169,6 +172,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliError("--lease runs inside an existing lease: --gpus, --device and --time belong to "
                        "the lease (vaccel reserve), not to the run", EXIT_USAGE)
     warn_signal = signal_number(args.signal)
+    container = _container_run(command)
     if not args.lease:  # a login node in [slurm] mode = "submit": Slurm runs it (vaccel/slurm_submit.py)
         from vaccel.slurm_submit import run_from_cli
 
@@ -181,7 +185,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return run_under_lease(
             command, gpus=gpus, min_memory_mib=size_arg(args.min_memory), contract=args.contract,
             config=args.config, wait=wait, socket=args.socket, quiet=args.quiet, time_limit=args.time,
-            devices=devices, lease_id=args.lease or "", warn_signal=warn_signal,
+            devices=devices, lease_id=args.lease or "", warn_signal=warn_signal, container=container,
         )
     except ValueError as exc:  # a bad --time
         raise CliError(str(exc), EXIT_USAGE) from None
@@ -191,6 +195,31 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliError(str(exc), EXIT_USAGE) from None
     except LeaseError as exc:
         raise refused(exc) from None
+
+
+# vaccel.containers.ENGINE_PROGRAMS's names (tests/test_containers_client.py checks): known here so that a
+# plain `vaccel run` does not import the container machinery to learn it is not a container run.
+_ENGINE_PROGRAMS = ("docker", "podman", "podman-remote")
+
+
+def _container_run(command: list[str]) -> ContainerRun | None:
+    """The command read as a container engine's run (vaccel/containers.py), None for any other
+    command; a run that would defeat the lease is refused here, before anything starts."""
+    if os.path.basename(command[0]) not in _ENGINE_PROGRAMS:
+        return None
+    from vaccel import container_rules
+    from vaccel.containers import ContainerRefused, recognise
+
+    try:
+        run = recognise(command)
+        if run is not None:
+            container_rules.check(run)
+            if run.detached:
+                raise ContainerRefused(f"{run.engine} run -d: the container would outlive its lease, which ends when "
+                                       "vaccel run returns; run it in the foreground")
+    except ContainerRefused as exc:
+        raise CliError(str(exc), EXIT_USAGE) from None
+    return run
 
 
 # -- parser ----------------------------------------------------------------------------

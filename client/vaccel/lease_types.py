@@ -39,11 +39,12 @@ class DeviceInfo(NamedTuple):
     arch: str
     simulated: bool
     visible_id: str
+    device_nodes: tuple[str, ...] = ()  # the device's own nodes (a render node...): a container gets them
 
     @classmethod
     def from_pb(cls, d: pb.Device) -> DeviceInfo:
         return cls(d.index, d.uuid, d.name, d.memory_mib, d.vendor, d.arch, d.simulated,
-                   d.visible_id or d.uuid)
+                   d.visible_id or d.uuid, tuple(d.device_nodes))
 
 
 class LeaseEnding(NamedTuple):

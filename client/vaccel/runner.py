@@ -39,10 +39,15 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
+from vaccel import process_tree
 from vaccel.lease_types import Lease, LeaseEnding
 from vaccel.session import LeaseRequest, LeaseSession
 from vaccel_common.backends import DEVICE_ENV_VARS
+
+if TYPE_CHECKING:
+    from vaccel.containers import ContainerRun
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 _LEAVE_QUEUE = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
@@ -134,10 +139,12 @@ def run_under_lease(
     devices: tuple[str, ...] = (),
     lease_id: str = "",
     warn_signal: int | None = signal.SIGUSR1,
+    container: ContainerRun | None = None,
 ) -> int:
     """Lease (or join `lease_id`), run `command` on the lease, release; return the
-    command's exit status. Raises LeaseError, ContractFileError, or Interrupted (a signal
-    while queued)."""
+    command's exit status. Raises LeaseError, ContractFileError, Interrupted (a signal
+    while queued), or ContainerRefused. `container`: the command read as a container
+    engine's run (vaccel/containers.py), to which the lease is applied."""
     # Block the signals we handle before any thread exists (gRPC starts some), so every
     # thread inherits the mask and only this thread's sigwaitinfo ever takes them.
     signal.pthread_sigmask(signal.SIG_BLOCK, _WAITED)
@@ -148,6 +155,11 @@ def run_under_lease(
         job = None if lease_id else slurm_job.lease_for(gpus, contract=contract, config=config, socket=socket,
                                                         in_process=False)
         if job is not None:
+            if container is not None:
+                from vaccel.containers import ContainerRefused
+
+                raise ContainerRefused(f"{container.engine} run inside a Slurm job: the job's GPUs are not given "
+                                       "to containers by vaccel; run the engine without vaccel run")
             _announce(quiet, job, " (Slurm job)")
             return _supervise(command, slurm_job.NoSession(), job, child_env(job, None), wake)  # type: ignore[arg-type]
         request = LeaseRequest(gpus=gpus, min_memory_mib=min_memory_mib, wait=wait, contract=contract,
@@ -161,6 +173,8 @@ def run_under_lease(
                 lease_obj = _acquire_interruptibly(session, request, wake)
             _announce(quiet, lease_obj)
             try:
+                if container is not None:
+                    return _supervise_container(container, session, lease_obj, socket, wake, ending)
                 return _supervise(command, session, lease_obj, child_env(lease_obj, session.config_path), wake,
                                   ending)
             finally:
@@ -170,6 +184,23 @@ def run_under_lease(
         wake.close()
         _drain_wakes()
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _WAITED)
+
+
+def _supervise_container(container: ContainerRun, session: LeaseSession, lease_obj: Lease, socket: str | None,
+                         wake: _Waker, ending: _Ending) -> int:
+    """Run a container engine's `run` with the lease applied to the container (imported
+    here: a plain `vaccel run` does not pay for it)."""
+    import tempfile
+
+    from vaccel import container_argv
+    from vaccel_common.paths import client_socket
+
+    # The engine's client catches every signal and passes it on to the container, whose command
+    # may not handle the warning signal and would die of it: the coming end is only printed.
+    ending.warn_signal = None
+    with tempfile.TemporaryDirectory(prefix="vaccel-ct-") as folder:
+        command, _ = container_argv.for_lease(container, lease_obj, client_socket(socket), folder)
+        return _supervise(command, session, lease_obj, child_env(lease_obj, session.config_path), wake, ending)
 
 
 def _announce(quiet: bool, lease_obj: Lease, source: str = "") -> None:
@@ -247,15 +278,6 @@ def _acquire_interruptibly(session: LeaseSession, request: LeaseRequest, wake: _
     return pending.result()
 
 
-def _is_stopped(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rindex(b")") + 2 :][:1] in (b"T", b"t")
-
-
 def _supervise(command: list[str], session: LeaseSession, lease_obj: Lease, env: dict[str, str],
                wake: _Waker, ending: _Ending | None = None) -> int:
     """Run the command, forward signals, stop it if the lease ends; return its status."""
@@ -273,7 +295,7 @@ def _supervise(command: list[str], session: LeaseSession, lease_obj: Lease, env:
             heard = ending.heard if ending is not None else None
             if heard is not None and heard is not ending.acted_on and not stopped_at:
                 ending.acted_on = heard
-                _say(False, f"{heard}{_warn(child.pid, ending.warn_signal)}")
+                _say(False, f"{heard}{process_tree.warn(child.pid, ending.warn_signal)}")
             # The heartbeat keeps expires_at current: an idle reclaim called off moves it back.
             over = heard is not None and bool(lease_obj.expires_at) and time.time() >= lease_obj.expires_at
             if heard is not None and lease_obj.expires_at > heard.ends_at + 1 and not ending.called_off:
@@ -285,13 +307,13 @@ def _supervise(command: list[str], session: LeaseSession, lease_obj: Lease, env:
                 lease_obj.mark_lost(lease_obj.notice or heard.reason)
             if lease_obj.lost_reason and not stopped_at:
                 _say(False, f"lease {lease_obj.id} ended: {lease_obj.lost_reason}; stopping the command")
-                _signal_tree(child.pid, signal.SIGTERM)
+                process_tree.signal_tree(child.pid, signal.SIGTERM)
                 stopped_at = time.monotonic()
                 grace = threading.Timer(LOST_GRACE_S, wake)
                 grace.daemon = True
                 grace.start()
             elif stopped_at and time.monotonic() - stopped_at >= LOST_GRACE_S:
-                _signal_tree(child.pid, signal.SIGKILL)
+                process_tree.signal_tree(child.pid, signal.SIGKILL)
             signo, code = next_signal()
             if signo == _WAKE:
                 continue
@@ -302,7 +324,7 @@ def _supervise(command: list[str], session: LeaseSession, lease_obj: Lease, env:
                     child.send_signal(signal.SIGTSTP)
                 _stop_self()
             elif signo == signal.SIGCONT:
-                if _is_stopped(child.pid):
+                if process_tree.is_stopped(child.pid):
                     child.send_signal(signal.SIGCONT)
             elif not from_terminal:
                 child.send_signal(signo)
@@ -313,62 +335,3 @@ def _supervise(command: list[str], session: LeaseSession, lease_obj: Lease, env:
             ending.close()
     code = child.returncode
     return 128 - code if code < 0 else code
-
-
-def _catches(pid: int, sig: int) -> bool:
-    """Whether the process has a handler for `sig` (SigCgt in /proc/PID/status)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            caught = next((line.split()[1] for line in f if line.startswith("SigCgt:")), "0")
-    except OSError:
-        return False
-    return bool(int(caught, 16) >> (sig - 1) & 1)
-
-
-def _warn(pid: int, sig: int | None) -> str:
-    """Send the warning signal to the processes of the command that handle it, and say so.
-    Only to those: SIGUSR1's default action ends a process, and a job that never asked
-    for a warning must not die of one minutes before its time is up."""
-    if sig is None:
-        return ""
-    name = signal.Signals(sig).name
-    targets = [p for p in [pid, *_descendants(pid)] if _catches(p, sig)]
-    for target in targets:
-        try:
-            os.kill(target, sig)
-        except ProcessLookupError:
-            pass
-    if not targets:
-        return f"; the command does not handle {name}, so it was not sent"
-    return f"; sent {name} to the command" + (f" ({len(targets)} processes)" if len(targets) > 1 else "")
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process below `pid` (children of children...), from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _signal_tree(pid: int, sig: int) -> None:
-    """Signal the command and everything it started: a shell wrapper must not leave its
-    children computing on a device the lease no longer holds."""
-    for target in [pid, *_descendants(pid)]:
-        try:
-            os.kill(target, sig)
-        except ProcessLookupError:
-            pass

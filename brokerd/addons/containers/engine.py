@@ -1,0 +1,120 @@
+"""A client of a container engine's HTTP API over its Unix socket: Docker's Engine API, and
+podman's Docker-compatible one (`podman system service`). Only what the broker needs: inspect
+a container, stop it with a grace, kill it. Every call is bounded by a timeout and fails
+with EngineError, never hangs the daemon's loop.
+
+aiohttp runs on the daemon's own loop (it is a dependency already, for the dashboard); it is
+imported with this module, which the daemon imports only when `[containers]` names an engine.
+Unversioned paths: both engines serve them at their own current API version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+
+DEFAULT_TIMEOUT_S = 5.0
+
+
+class EngineError(Exception):
+    """The engine could not be asked, or answered with an error; the message says which."""
+
+
+@dataclass(frozen=True)
+class ContainerInfo:
+    """One container as its engine describes it."""
+
+    engine: str  # "docker" | "podman"
+    id: str  # the full id
+    name: str  # without Docker's leading "/"
+    image: str  # as the user named it (Config.Image), not the digest
+    pid: int  # State.Pid: the container's init, as a host pid; 0 when it is not running
+    running: bool
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+class EngineClient:
+    """One engine's API at `socket` (a path, or unix:///path)."""
+
+    def __init__(self, engine: str, socket: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.engine = engine
+        self.socket = socket.removeprefix("unix://")
+        self.timeout_s = timeout_s
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        # Made on first use, inside the running loop that will use it.
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=self.socket))
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _call(self, method: str, path: str, timeout_s: float, ok: tuple[int, ...]) -> tuple[int, Any]:
+        """(status, decoded JSON body or None); EngineError for any status outside `ok`."""
+        url = f"http://{self.engine}{path}"  # the host part is ignored on a Unix socket
+        try:
+            async with asyncio.timeout(timeout_s):
+                async with self._client().request(method, url) as reply:
+                    body = await reply.read()
+                    status = reply.status
+        except TimeoutError:
+            raise EngineError(f"{self.engine} at {self.socket}: no answer to {method} {path} "
+                              f"within {timeout_s:g}s") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise EngineError(f"{self.engine} at {self.socket}: {method} {path}: {exc}") from None
+        if status not in ok:
+            message = body.decode(errors="replace").strip()[:200]
+            raise EngineError(f"{self.engine} at {self.socket}: {method} {path}: HTTP {status} {message}")
+        if not body or status == 204:
+            return status, None
+        try:
+            return status, json.loads(body)
+        except ValueError:
+            raise EngineError(f"{self.engine} at {self.socket}: {method} {path}: not JSON") from None
+
+    async def inspect(self, container: str) -> ContainerInfo | None:
+        """The container (by id, id prefix or name), None when the engine has no such container."""
+        status, doc = await self._call("GET", f"/containers/{_ref(container)}/json", self.timeout_s, (200, 404))
+        if status == 404:
+            return None
+        try:
+            state, config = doc["State"], doc.get("Config") or {}
+            return ContainerInfo(
+                engine=self.engine, id=str(doc["Id"]), name=str(doc.get("Name", "")).lstrip("/"),
+                image=str(config.get("Image") or doc.get("ImageName") or doc.get("Image") or ""),
+                pid=int(state.get("Pid") or 0), running=bool(state.get("Running")),
+                labels={str(k): str(v) for k, v in (config.get("Labels") or {}).items()})
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise EngineError(f"{self.engine} at {self.socket}: unexpected inspect reply ({exc!r})") from None
+
+    async def stop(self, container: str, grace_s: float) -> bool:
+        """Stop the container: its stop signal (SIGTERM unless the image chose another) to its
+        init, SIGKILL after `grace_s`, done by the engine. Waits until it has stopped (the
+        grace plus the usual timeout). False when it was not running or does not exist."""
+        grace = max(0, round(grace_s))
+        status, _ = await self._call("POST", f"/containers/{_ref(container)}/stop?t={grace}",
+                                     grace + self.timeout_s, (204, 304, 404))
+        return status == 204
+
+    async def kill(self, container: str, signal: str = "SIGKILL") -> bool:
+        """Send a signal to the container's init; False when it was not running or does not exist."""
+        status, _ = await self._call("POST", f"/containers/{_ref(container)}/kill?signal={quote(signal)}",
+                                     self.timeout_s, (204, 404, 409))
+        return status == 204
+
+
+def _ref(container: str) -> str:
+    """A container id or name as one path segment: nothing a caller passes may reach another path."""
+    if not container or container in (".", ".."):
+        raise EngineError(f"not a container id or name: {container!r}")
+    return quote(container, safe="")
