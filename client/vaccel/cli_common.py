@@ -45,9 +45,10 @@ def to_dict(msg: Any) -> dict[str, Any]:
 
 
 def since(ts: float) -> str:
+    """`16:12 (5m03s ago)`; never a negative age (a time to come is shown as now)."""
     if not ts:
         return "-"
-    age = time.time() - ts
+    age = max(0.0, time.time() - ts)
     return f"{time.strftime('%H:%M', time.localtime(ts))} ({format_duration(age)} ago)"
 
 

@@ -43,8 +43,9 @@ def render_status(reply: pb.StatusReply) -> str:
         for q in reply.queue:
             mem = f", >= {format_mib(q.min_memory_mib)} each" if q.min_memory_mib else ""
             named = f" ({', '.join(q.devices)})" if q.devices else ""
+            waited = max(0.0, time.time() - q.since)
             out.append(f"  {q.position}. {q.requester.user} (pid {q.requester.pid}) wants {q.gpus} "
-                       f"GPU{'s' if q.gpus > 1 else ''}{named}{mem}, waiting {format_duration(time.time() - q.since)}"
+                       f"GPU{'s' if q.gpus > 1 else ''}{named}{mem}, waiting {format_duration(waited)}"
                        f"  {q.requester.command}")
             if q.reason:
                 out.append(f"     waiting: {q.reason}")
