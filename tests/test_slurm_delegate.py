@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from brokerd.addons.slurm.jobs import gres_indices, parse_index_list, parse_jobs, pending_order
 from tests.conftest import LAB_INVENTORY, ROOT, Broker
 from tests.slurm_cluster import SlurmCluster, slurm_fixture  # noqa: F401 - the `slurm` fixture
 from tests.test_multiuser import as_user, staged, wait_for  # noqa: F401 - `staged` is a fixture
@@ -32,25 +31,6 @@ UUID_INDEX = {f"GPU-6f1a0c2e-0000-0000-0000-00000000000{i + 1}": i for i in rang
 # What a job does: record (device, start, end) for each of its GPUs, then end.
 RECORD = ('s=$(date +%s.%N); sleep {secs}; e=$(date +%s.%N); '
           'for d in $(echo "{devs}" | tr , " "); do echo "{tag} $d $s $e" >> {out}/{tag}; done')
-
-
-# -- parsing what Slurm prints (no cluster) --------------------------------------------
-
-
-def test_gres_indices_and_job_lines_are_read():
-    assert parse_index_list("0-1,3") == (0, 1, 3)
-    assert gres_indices("gpu:a100:2(IDX:0,2),gpu:1(IDX:3)", "gpu") == (0, 2, 3)
-    line = ("JobId=7 JobName=vaccel: sh -c x UserId=alice(1001) GroupId=alice(1001) Priority=90 JobState=RUNNING "
-            "Reason=None SubmitTime=2026-01-01T10:00:00 StartTime=2026-01-01T10:00:01 Partition=test "
-            "ReqNodeList=n1 NodeList=n1 JOB_GRES=gpu:2   Nodes=n1 CPU_IDs=0 Mem=0 GRES=gpu:2(IDX:1-2) "
-            "MinCPUsNode=1 TresPerNode=gres:gpu:2 \n"
-            "JobId=8 JobName=b UserId=bob(1002) Priority=95 JobState=PENDING Reason=Resources "
-            "SubmitTime=2026-01-01T10:00:02 Partition=test ReqNodeList=(null) TresPerNode=gres:gpu:1\n")
-    running, waiting = parse_jobs(line)
-    assert (running.job_id, running.name, running.user, running.uid) == (7, "vaccel: sh -c x", "alice", 1001)
-    assert running.holding and running.indices_on("n1") == (1, 2) and running.gpus == 2
-    assert (waiting.state, waiting.reason, waiting.req_nodes, waiting.gpus) == ("PENDING", "Resources", "", 1)
-    assert [j.job_id for j in pending_order([running, waiting], "n1")] == [8]
 
 
 # -- a delegate-mode broker on the cluster ---------------------------------------------

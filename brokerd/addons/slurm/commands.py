@@ -1,9 +1,14 @@
 """Slurm's programs, run as asyncio subprocesses so the broker's event loop never waits on
-them: `salloc --no-shell` as the requesting user (an Allocation), `scancel` and `scontrol`
-as the daemon.
+them: `salloc --no-shell` as the requesting user (an Allocation), `scancel` and
+`squeue --json` as the daemon.
 
 The user's own Slurm identity is what makes the allocation theirs (their limits, QOS,
-accounting): the daemon, as root, drops to the user with `setpriv` before salloc runs.
+accounting): the daemon, as root, drops to the user with `setpriv` before salloc runs. That
+salloc is then the user's own process: they may read its arguments, write into its pipes
+(pidfd_getfd) or drive it (ptrace). So nothing it prints names the job: each request puts
+a mark of its own in the job's comment (`--comment=vaccel-request:<random>`), and the job
+is the one Slurm shows with that mark and the requester's uid (brokerd/addons/slurm/claims.py).
+What salloc prints only says when to look, and why it gave up.
 """
 
 from __future__ import annotations
@@ -12,14 +17,14 @@ import asyncio
 import contextlib
 import math
 import os
-import re
+import secrets
+import time
 from dataclasses import dataclass, field
 
-from brokerd.addons.slurm.jobs import SlurmJob, parse_jobs
+from brokerd.addons.slurm.jobs import SlurmJob, SlurmReadError, parse_jobs
 from brokerd.base.process import Holder
 from vaccel_common.text import printable
 
-_JOB_LINE = re.compile(r"^salloc: (Pending|Granted) job allocation (\d+)")
 COMMAND_TIMEOUT_S = 10.0
 
 
@@ -33,39 +38,63 @@ def job_name(command: str) -> str:
     return printable(f"vaccel: {command or 'lease'}").replace("\n", " ")[:120]
 
 
+def request_mark() -> str:
+    """A new request's mark: the job comment only the job the broker asks for carries (it
+    is random, and the requester's own jobs are the only ones it is looked for among)."""
+    return f"vaccel-request:{secrets.token_hex(16)}"
+
+
 @dataclass
 class Allocation:
-    """One `salloc --no-shell` as a user: its job id as soon as Slurm prints it, then the
-    grant (salloc exits 0) or the error lines it printed. `changed` is set at each news."""
+    """One `salloc --no-shell` as a user, whose job carries `mark`. What it prints is news
+    (`changed` is set, `news_at` moves: time to read Slurm), its error lines are kept for a
+    refusal, and `done` once it exits. The user can write into its pipe: none of this
+    decides a grant."""
 
     process: asyncio.subprocess.Process
+    mark: str
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     immediate: bool = False  # --immediate: given up at once when Slurm cannot start it now
-    job_id: int = 0
-    granted: bool = False
+    news_at: float = 0.0  # time.monotonic() of salloc's last line or exit
     done: bool = False
     errors: list[str] = field(default_factory=list)
+    _exit_seen: bool = False
 
     async def follow(self) -> None:
-        """Read salloc's messages until it exits (run as a task)."""
-        assert self.process.stderr is not None
-        async for raw in self.process.stderr:
+        """Read salloc's messages until its pipe closes (run as a task)."""
+        stream = self.process.stderr
+        assert stream is not None
+        while True:
+            try:
+                raw = await stream.readline()
+            except ValueError:  # a line past the reader's limit: not salloc's words; dropped
+                continue
+            if not raw:
+                break
             line = raw.decode(errors="replace").strip()
-            match = _JOB_LINE.match(line)
-            if match:
-                self.job_id = int(match.group(2))
-                self.granted = self.granted or match.group(1) == "Granted"
-            elif line.startswith("salloc: error:"):
-                self.errors.append(line.removeprefix("salloc: error:").strip())
-            self.changed.set()
-        code = await self.process.wait()
-        self.granted = self.granted and code == 0
+            if line.startswith("salloc: error:") and len(self.errors) < 10:
+                self.errors.append(line.removeprefix("salloc: error:").strip()[:500])
+            self._news()
+        await self.process.wait()
         self.done = True
+        self._news()
+
+    def check_exit(self) -> bool:
+        """Whether salloc has exited, even while a copy of its pipe someone took stays open;
+        the first time that is seen, it is news (Slurm is read again)."""
+        exited = self.done or self.process.returncode is not None
+        if exited and not self._exit_seen:
+            self._exit_seen = True
+            self._news()
+        return exited
+
+    def _news(self) -> None:
+        self.news_at = time.monotonic()
         self.changed.set()
 
     def stop(self) -> None:
         """End salloc if it still waits (scancel of its job is what frees Slurm's side)."""
-        if not self.done:
+        if not self.check_exit():
             with contextlib.suppress(ProcessLookupError):
                 self.process.terminate()
 
@@ -78,10 +107,10 @@ class SlurmCommands:
         self.partition = partition
         self.gres = gres
 
-    def allocate_argv(self, holder: Holder, gpus: int, time_limit_s: float, command: str, *,
+    def allocate_argv(self, holder: Holder, gpus: int, time_limit_s: float, command: str, mark: str, *,
                       immediate: bool) -> list[str]:
         argv = ["salloc", "--no-shell", "--nodes=1", f"--nodelist={self.node}", f"--gres={self.gres}:{gpus}",
-                f"--job-name={job_name(command)}"]
+                f"--job-name={job_name(command)}", f"--comment={mark}"]
         if time_limit_s:
             argv.append(f"--time={max(1, math.ceil(time_limit_s / 60))}")  # Slurm counts minutes
         if self.partition:
@@ -96,11 +125,12 @@ class SlurmCommands:
                        immediate: bool = False) -> Allocation:
         """Start salloc as the holder's user; the Allocation fills in as its `follow()`
         (the caller's task) reads what salloc says."""
-        argv = self.allocate_argv(holder, gpus, time_limit_s, command, immediate=immediate)
+        mark = request_mark()
+        argv = self.allocate_argv(holder, gpus, time_limit_s, command, mark, immediate=immediate)
         process = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE, env=_env(), cwd="/")
-        return Allocation(process, immediate=immediate)
+        return Allocation(process, mark, immediate=immediate)
 
     async def _run(self, *argv: str) -> tuple[int, str, str]:
         process = await asyncio.create_subprocess_exec(
@@ -120,12 +150,13 @@ class SlurmCommands:
         code, _, err = await self._run("scancel", str(job_id))
         return "" if code == 0 else err.strip() or f"scancel exited with {code}"
 
-    async def jobs(self, job_id: int = 0) -> list[SlurmJob]:
-        """Every job slurmctld knows (or one); raises OSError when scontrol fails."""
-        argv = ["scontrol", "--details", "--oneliner", "show", "job"] + ([str(job_id)] if job_id else [])
-        code, out, err = await self._run(*argv)
+    async def jobs(self) -> list[SlurmJob]:
+        """Every job slurmctld knows, from `squeue --json` (22.05 lists them all whatever
+        the filters); raises OSError when they cannot be read."""
+        code, out, err = await self._run("squeue", "--json")
         if code != 0:
-            if job_id and "Invalid job id" in err:
-                return []
-            raise OSError(f"scontrol failed ({code}): {err.strip()}")
-        return parse_jobs(out, self.gres)
+            raise OSError(f"squeue --json failed ({code}): {err.strip()}")
+        try:
+            return parse_jobs(out, self.gres)
+        except SlurmReadError as exc:
+            raise OSError(str(exc)) from None

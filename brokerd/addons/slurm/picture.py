@@ -1,12 +1,18 @@
 """What the Slurm delegate knows of Slurm between polls: the jobs of the last
-`scontrol show job`, the devices batch jobs hold (jobs vaccel did not make), and which
+`squeue --json`, the devices batch jobs hold (jobs vaccel did not make), and which
 pending jobs are vaccel's own waiters; and how that shows in `vaccel status` (through the
-core's OutsideStatus, brokerd/core/plugins.py) and in a waiter's queue line."""
+core's OutsideStatus, brokerd/core/plugins.py) and in a waiter's queue line.
+
+One read of Slurm at a time, shared by all who wait for it: the poller's, and a request's
+when its salloc says something (that salloc is the user's to write into, so such reads
+are spaced by MIN_READ_GAP_S however much it says)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from collections.abc import Hashable
 from dataclasses import dataclass
 
@@ -16,6 +22,8 @@ from brokerd.base.journal import log_event
 from brokerd.base.process import Holder
 from brokerd.core.views import DeviceView, OutsideHold, OutsideStatus, OutsideWait
 from brokerd.core.waiting import QueuedUpdate
+
+MIN_READ_GAP_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -52,9 +60,24 @@ class SlurmPicture:
         self.batch: dict[str, BatchHold] = {}  # device uuid -> the batch job holding it
         self.waiters: dict[int, Waiter] = {}  # job id -> our request waiting on it
         self.polled = asyncio.Event()  # set and cleared after each poll
+        self.read_at = -math.inf  # time.monotonic() when the read behind `jobs` began
+        self._reading = asyncio.Lock()
         self._poll_error = ""
 
-    async def refresh(self, commands: SlurmCommands) -> bool:
+    async def read(self, commands: SlurmCommands, after: float) -> bool:
+        """Make `jobs` come from a read begun at or after `after` (time.monotonic()), starting
+        one unless one did; False when Slurm cannot be read."""
+        async with self._reading:
+            if self.read_at >= after:
+                return True
+            await asyncio.sleep(max(0.0, self.read_at + MIN_READ_GAP_S - time.monotonic()))
+            started = time.monotonic()
+            if not await self._refresh(commands):
+                return False
+            self.read_at = started
+            return True
+
+    async def _refresh(self, commands: SlurmCommands) -> bool:
         """Read Slurm's jobs; False (said once per new error) when Slurm cannot be read."""
         try:
             self.jobs = await commands.jobs()
@@ -70,12 +93,14 @@ class SlurmPicture:
         """The devices running jobs hold that are neither ours (`ours`: job -> lease) nor our
         waiters'; whether that changed."""
         batch: dict[str, BatchHold] = {}
+        now = time.time()
         for job in self.jobs:
             if job.holding and job.job_id not in ours and job.job_id not in self.waiters:
+                # Slurm's start of a job that holds GPUs is past; were it not, the submit time is.
+                since = job.start_time if 0 < job.start_time <= now else job.submit_time
                 for index in job.indices_on(self.node):
                     if index in uuid_of_index:
-                        batch[uuid_of_index[index]] = BatchHold(job.job_id, job.user, job.uid, job.name,
-                                                                job.start_time)
+                        batch[uuid_of_index[index]] = BatchHold(job.job_id, job.user, job.uid, job.name, since)
         changed = batch != self.batch
         self.batch = batch
         return changed
@@ -83,6 +108,13 @@ class SlurmPicture:
     def pending(self) -> list[tuple[SlurmJob, Waiter | None]]:
         """The pending jobs that want this node, in Slurm's order, with ours marked."""
         return [(job, self.waiters.get(job.job_id)) for job in pending_order(self.jobs, self.node)]
+
+    def first_ahead(self, job_id: int) -> SlurmJob | None:
+        """The first pending job for this node, other than `job_id`, that waits for room alone
+        (Resources, Priority; None: not looked at yet), not for a hold, a dependency, a begin
+        time or a limit: the kind ahead of which `salloc --immediate` never starts."""
+        return next((job for job in pending_order(self.jobs, self.node)
+                     if job.job_id != job_id and job.reason in ("Resources", "Priority", "None")), None)
 
     def queued_update(self, job_id: int, held: tuple[DeviceView, ...]) -> QueuedUpdate:
         """Where a pending job of ours stands, as a queue update."""

