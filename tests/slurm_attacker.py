@@ -65,9 +65,13 @@ def forge_grant(victim_job: str) -> None:
     ready, _, _ = select.select([pidfd], [], [], WAIT_S)
     if not ready:
         raise SystemExit("our salloc did not exit")
-    os.write(fd, f"salloc: Granted job allocation {victim_job}\n".encode())
+    try:
+        os.write(fd, f"salloc: Granted job allocation {victim_job}\n".encode())
+        read = "by the broker, if it still reads"
+    except BrokenPipeError:  # the broker closed its end once salloc had exited
+        read = "by no one: the broker had closed its end"
     os.close(fd)
-    say(forged=victim_job)
+    say(forged=victim_job, read=read)
 
 
 def mark() -> None:

@@ -123,7 +123,7 @@ def test_a_forged_grant_on_the_sallocs_pipe_takes_no_one_elses_gpu(slurm, delega
         alice_line = alice.stdout.readline().split()
         assert alice_line, alice.stderr.read()
         alice_lease, alice_device = alice_line
-        assert _said(forger) == {"forged": str(bob_job)}
+        assert _said(forger)["forged"] == str(bob_job)
         time.sleep(2.5)  # two polls: whatever the forged line could have started has happened
         assert alice_device != bob_device
         alice_job = _slurm_job_of(delegate, alice_lease)

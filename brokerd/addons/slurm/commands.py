@@ -26,6 +26,7 @@ from brokerd.base.process import Holder
 from vaccel_common.text import printable
 
 COMMAND_TIMEOUT_S = 10.0
+EXIT_GRACE_S = 10.0  # after SIGTERM, before SIGKILL (a salloc its user stopped hears nothing)
 
 
 def _env() -> dict[str, str]:
@@ -49,10 +50,16 @@ class Allocation:
     """One `salloc --no-shell` as a user, whose job carries `mark`. What it prints is news
     (`changed` is set, `news_at` moves: time to read Slurm), its error lines are kept for a
     refusal, and `done` once it exits. The user can write into its pipe: none of this
-    decides a grant."""
+    decides a grant.
+
+    Its stderr is a pipe of our own making (not asyncio's subprocess pipe, whose wait()
+    lasts as long as any copy of the pipe stays open): `finish` closes our end once salloc
+    has exited, so a copy the user keeps holds nothing of the daemon's."""
 
     process: asyncio.subprocess.Process
     mark: str
+    stream: asyncio.StreamReader
+    pipe: asyncio.ReadTransport
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     immediate: bool = False  # --immediate: given up at once when Slurm cannot start it now
     news_at: float = 0.0  # time.monotonic() of salloc's last line or exit
@@ -62,11 +69,9 @@ class Allocation:
 
     async def follow(self) -> None:
         """Read salloc's messages until its pipe closes (run as a task)."""
-        stream = self.process.stderr
-        assert stream is not None
         while True:
             try:
-                raw = await stream.readline()
+                raw = await self.stream.readline()
             except ValueError:  # a line past the reader's limit: not salloc's words; dropped
                 continue
             if not raw:
@@ -98,6 +103,20 @@ class Allocation:
             with contextlib.suppress(ProcessLookupError):
                 self.process.terminate()
 
+    async def finish(self) -> None:
+        """Once salloc has exited (killed if it outlives a stop by EXIT_GRACE_S), close our end
+        of its pipe (run as a task when the request is over)."""
+        try:
+            if self.process.returncode is None:
+                try:
+                    await asyncio.wait_for(self.process.wait(), EXIT_GRACE_S)
+                except TimeoutError:
+                    with contextlib.suppress(ProcessLookupError):
+                        self.process.kill()
+                    await self.process.wait()
+        finally:
+            self.pipe.close()
+
 
 class SlurmCommands:
     """The programs, for one node (`node`), partition and GRES name."""
@@ -127,10 +146,20 @@ class SlurmCommands:
         (the caller's task) reads what salloc says."""
         mark = request_mark()
         argv = self.allocate_argv(holder, gpus, time_limit_s, command, mark, immediate=immediate)
-        process = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE, env=_env(), cwd="/")
-        return Allocation(process, mark, immediate=immediate)
+        read_end, write_end = os.pipe()
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=write_end,
+                env=_env(), cwd="/")
+        except BaseException:
+            os.close(read_end)
+            raise
+        finally:
+            os.close(write_end)
+        stream = asyncio.StreamReader()
+        pipe, _ = await asyncio.get_running_loop().connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(stream), os.fdopen(read_end, "rb", buffering=0))
+        return Allocation(process, mark, stream, pipe, immediate=immediate)
 
     async def _run(self, *argv: str) -> tuple[int, str, str]:
         process = await asyncio.create_subprocess_exec(

@@ -165,7 +165,6 @@ class SlurmDelegate(LeaseHook):
         requested_at = time.time()
         allocation: Allocation | None = None
         claim: Claim | None = None
-        following: asyncio.Task[None] | None = None
         lease_id = f"l-{secrets.token_hex(6)}"
         try:
             if devices:
@@ -178,7 +177,7 @@ class SlurmDelegate(LeaseHook):
                 raise Unsatisfiable(message, evaluation)
             allocation = await self.commands.allocate(holder, requirement.gpus, time_limit, holder.command,
                                                       immediate=not wait)
-            following = asyncio.create_task(allocation.follow())
+            self.ours.spawn(allocation.follow())
             claim = Claim(allocation.mark, holder.uid, holder.user)
             deadline = requested_at + max_wait_s if max_wait_s else 0.0
             async for update in self._pending(allocation, claim, holder, requirement, time_limit, lease_id,
@@ -205,8 +204,8 @@ class SlurmDelegate(LeaseHook):
             service.forget_if_idle(holder.process)
             raise
         finally:
-            if following is not None:  # a copy of salloc's pipe held open elsewhere keeps no task here
-                following.cancel()
+            if allocation is not None:
+                self.ours.spawn(allocation.finish())
         yield lease
 
     async def _pending(self, allocation: Allocation, claim: Claim, holder: Holder, requirement: Requirement,
