@@ -4,19 +4,21 @@ Every acquire becomes `salloc --no-shell` on this node as the requesting user, i
 marked with a secret of the request's own; the job is the one Slurm shows with that mark
 and the requester's uid (claims.py), never what salloc prints, which the user can write.
 While the job is pending the waiter hears Slurm's reason and its place among the pending
-jobs that want the node; once Slurm shows it running here, the GRES indices it assigned are
-this broker's device indices (gres.conf lists the device files in index order, as the
-fake GPUs' minors and a real node's /dev/<gpu>N numbering have them). The contract is checked against exactly
-those devices (a refusal cancels the job before anything computes), then the grant is an
-ordinary vaccel lease (`manager.restore` puts it on those devices): the store, the hooks,
-heartbeats, the pidfd exit watch and the end states are the usual ones.
+jobs that want the node; once Slurm shows it running here, the GRES indices it assigned
+are this broker's device indices (gres.conf lists the device files in index order, as the
+fake GPUs' minors and a real node's /dev/<gpu>N numbering have them). The contract is
+checked against exactly those devices (a refusal cancels the job before anything
+computes), then the grant is an ordinary vaccel lease (`manager.restore` puts it on those
+devices): the store, the hooks, heartbeats, the pidfd exit watch and the end states are
+the usual ones.
 
 This object is also a LeaseHook: whenever such a lease ends (release, holder exit even by
 SIGKILL, TTL, time limit, revoke) `ended` cancels its Slurm job at once (ours.py);
-`restored` re-adopts, after a restart, the jobs whose leases came back and cancels the others. A
-poller (`squeue --json` about once a second) keeps the picture: the pending queue, the
-batch jobs Slurm runs on the node's GPUs (shown in `vaccel status` as `slurm job N (user)`),
-and jobs that ended on Slurm's side, whose leases end too.
+`restored` re-adopts, after a restart, the jobs whose leases came back and cancels the
+others. A poller (`squeue --json` about once a second) keeps the picture: the pending
+queue, the batch jobs Slurm runs on the node's GPUs (shown in `vaccel status` as
+`slurm job N (user)`), and jobs that ended on Slurm's side, whose leases end too (only on
+Slurm's word about their own job).
 """
 
 from __future__ import annotations
