@@ -344,6 +344,11 @@ class BrokerService:
                           snapshot.verdicts, snapshot.simulated, usage,
                           self._allocator.outside_status() if self._allocator is not None else None)
 
+    def hold_back(self, by: str, devices: dict[str, str]) -> None:
+        """An add-on's devices that must not be granted now (uuid -> why), replacing what
+        `by` held back before (brokerd/core/inventory.py)."""
+        self.inventory.hold_back(by, devices)
+
     def usage_seen_by(self, identity: Identity) -> int | None:
         """Whose use against the limits `identity` sees in the status: everyone's (None) where
         they may see other users' rows in a report, else only their own (their uid)."""
