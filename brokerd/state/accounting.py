@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from brokerd.config.loader import Config
+from brokerd.config.policy import counted_gid
 from brokerd.devices.model import UTILISATION_KEY, Snapshot
 from brokerd.leasing.hooks import LeaseHook
 from brokerd.leasing.model import Lease
@@ -71,12 +72,13 @@ class _Live:
     idle_s: float = 0.0  # device-seconds read at 0 %
 
 
-def usage_row(lease: Lease, live: _Live | None, now: float) -> UsageRow:
-    """The row a lease makes, ended or (with `now` as its end) still running."""
+def usage_row(lease: Lease, live: _Live | None, now: float, gid: int) -> UsageRow:
+    """The row a lease makes, ended or (with `now` as its end) still running; `gid` is the
+    group it counts under (brokerd/config/policy.py counted_gid)."""
     sampled = live is not None and live.sampled_s > 0
     holder = lease.holder
     return UsageRow(
-        lease_id=lease.id, uid=holder.uid, user=holder.user, gid=holder.gid, devices=tuple(lease.devices),
+        lease_id=lease.id, uid=holder.uid, user=holder.user, gid=gid, devices=tuple(lease.devices),
         granted_at=lease.granted_at, ended_at=max(now if lease.active else lease.ended_at, lease.granted_at),
         wait_s=max(0.0, lease.granted_at - lease.requested_at) if lease.requested_at else 0.0,
         state=STILL_ACTIVE if lease.active else lease.state, end_reason=lease.end_reason,
@@ -166,7 +168,8 @@ class Accounting(LeaseHook):
     def restored(self, active: Iterable[Lease]) -> None:
         self._live = {lease.id: _Live(lease) for lease in active}
         now = self._clock()
-        missed = [usage_row(lease, None, now) for lease in self._recently_ended() if not lease.active]
+        missed = [usage_row(lease, None, now, self._gid(lease)) for lease in self._recently_ended()
+                  if not lease.active]
         if missed:
             self._logged(self._writer.submit(lambda conn: conn.executemany(
                 f"INSERT OR IGNORE INTO usage ({_COLUMNS}) VALUES ({','.join('?' * 13)})",
@@ -177,10 +180,13 @@ class Accounting(LeaseHook):
         self._live[lease.id] = _Live(lease)
 
     def ended(self, lease: Lease) -> None:
-        row = usage_row(lease, self._live.pop(lease.id, None), self._clock())
+        row = usage_row(lease, self._live.pop(lease.id, None), self._clock(), self._gid(lease))
         self._logged(self._writer.submit(gather=True, op=lambda conn: conn.execute(
             f"INSERT OR REPLACE INTO usage ({_COLUMNS}) VALUES ({','.join('?' * 13)})", _values(row))),
             f"the end of lease {lease.id}")
+
+    def _gid(self, lease: Lease) -> int:
+        return counted_gid(self._config().policy, lease.holder.user, lease.holder.gid)
 
     @staticmethod
     def _logged(future: concurrent.futures.Future[Any], what: str) -> None:
@@ -271,7 +277,8 @@ class Accounting(LeaseHook):
         until = until or now
         since = since or until - DEFAULT_SPAN_S
         # Copied here, on the caller's thread: the writer thread never reads live state.
-        live = [usage_row(live.lease, live, now) for live in list(self._live.values()) if live.lease.active]
+        live = [usage_row(live.lease, live, now, self._gid(live.lease)) for live in list(self._live.values())
+                if live.lease.active]
         everyone = viewer_is_admin or self._config().accounting_per_user_report == "everyone"
 
         def build(conn: sqlite3.Connection) -> Report:
