@@ -293,3 +293,20 @@ def test_the_page_draws_the_timeline_of_past_leases(public_web: Web, browser: Ch
         "[...document.querySelectorAll('#timeline title')].map(t => t.textContent)"
         f".filter(t => t.includes('{lease_id}'))", timeout=5)
     assert len(titles) == 2  # one bar on each of its two devices
+
+
+def test_the_page_shows_a_reservation_as_vaccel_status_does(web: Web, browser: Chromium):
+    """A reservation is held by its user, not a process: `(reserved)`, never `(pid 0)` (issue 31)."""
+    booked = web.broker.vaccel("reserve", "--gpus", "1", "--time", "1h", "--json")
+    assert booked.returncode == 0, booked.stderr
+    reservation = json.loads(booked.stdout)
+    index = reservation["devices"][0]["index"]
+    try:
+        assert "(reserved)" in web.broker.vaccel("status").stdout
+        browser.open(web.url + "/")
+        card = f"document.querySelector('[data-device=\"gpu{index}\"]')"
+        browser.wait_for(f"{card}?.dataset.lease === '{reservation['lease_id']}'", timeout=PAGE_UPDATE_S)
+        shown = browser.evaluate(f"{card}.querySelector('.holder').innerText")
+        assert "(reserved)" in shown and "pid 0" not in shown, shown
+    finally:
+        web.broker.vaccel("release", reservation["lease_id"])
