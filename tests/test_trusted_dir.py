@@ -37,6 +37,8 @@ def test_a_missing_folder_under_a_sticky_one_is_made_ours_and_closed_to_others(s
     made = opened(shared / "jobmap", create_mode=0o755)
     assert (made.st_uid, stat.S_IMODE(made.st_mode)) == (os.geteuid(), 0o755)
     assert opened(shared / "jobmap").st_ino == made.st_ino  # the second time it is simply opened
+    deeper = opened(shared / "run" / "vaccel" / "jobmap", create_mode=0o755)  # the way is made too
+    assert (deeper.st_uid, stat.S_IMODE((shared / "run").stat().st_mode)) == (os.geteuid(), 0o755)
     with pytest.raises(UntrustedDir, match="does not exist"):
         opened(shared / "missing")
 

@@ -34,7 +34,8 @@ class UntrustedDir(Exception):
 
 def open_trusted_dir(path: Path, *, create_mode: int | None = None) -> int:
     """An O_DIRECTORY descriptor of `path` (absolute) after the checks above. With
-    `create_mode`, the folder itself is made (mkdirat, then that mode) when it is missing."""
+    `create_mode`, a folder that is missing on the way, the last one included, is made
+    (mkdirat in its checked parent, then that mode)."""
     if not path.is_absolute():
         raise UntrustedDir(f"{path}: not an absolute path")
     me = os.geteuid()
@@ -48,7 +49,7 @@ def open_trusted_dir(path: Path, *, create_mode: int | None = None) -> int:
                 continue
             if name == "..":
                 raise UntrustedDir(f"{path}: '..' is not allowed in a trusted path")
-            st = _entry(fd, name, where, me, create_mode if not pending else None)
+            st = _entry(fd, name, where, me, create_mode)
             if stat.S_ISLNK(st.st_mode):
                 links += 1
                 if st.st_uid not in (0, me) or links > MAX_LINKS:
