@@ -18,6 +18,7 @@ from vaccel.cli_common import (
     EXIT_REFUSED,
     EXIT_USAGE,
     CliError,
+    as_text,
     connection,
     devices_arg,
     refused,
@@ -33,7 +34,6 @@ from vaccel.cli_common import (
 from vaccel.cli_parser import Parser, RawDescriptionHelpFormatter
 from vaccel.lease_types import LeaseError
 from vaccel_common import status_json as status_shape
-from vaccel_common.text import argv_text
 from vaccel_common.units import parse_duration
 from vaccel_common.v1 import broker_pb2 as pb
 
@@ -380,7 +380,7 @@ def _exit_now(code: int) -> None:
 
 def _main(argv: list[str] | None) -> int:
     words = sys.argv[1:] if argv is None else argv
-    args = _as_text(build_parser(_command_named(words)).parse_args(words))
+    args = as_text(build_parser(_command_named(words)).parse_args(words))
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
@@ -392,19 +392,6 @@ def _main(argv: list[str] | None) -> int:
     except BrokenPipeError:  # `vaccel status | head`: the reader left, which is fine
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-
-
-def _as_text(args: argparse.Namespace) -> argparse.Namespace:
-    """Every option and operand as UTF-8 text (bytes that are not become `\\xNN`), except the
-    command to run, which keeps its bytes for exec."""
-    for name, value in vars(args).items():
-        if name == "cmd":
-            continue
-        if isinstance(value, str):
-            setattr(args, name, argv_text(value))
-        elif isinstance(value, list) and all(isinstance(v, str) for v in value):
-            setattr(args, name, [argv_text(v) for v in value])
-    return args
 
 
 if __name__ == "__main__":
