@@ -139,7 +139,9 @@ def test_a_job_mapping_folder_another_user_made_first_is_refused_and_nothing_is_
         r = as_user(broker, staged, BOB, "run", "--gpus", "3", "--", "sleep", "1")
         assert r.returncode == 0, r.stderr
         bob_gets_a_gpu(broker, staged)
-        wait_for(lambda: "job mapping: refusing the folder" in broker.log.read_text())
+        # The grants' files are written on the mapping's own thread: wait for its verdict.
+        wait_for(lambda: "job mapping: refusing the folder" in broker.log.read_text()
+                 or secret.read_text() != "secret\n" or stat.S_IMODE(secret.stat().st_mode) != 0o600)
         assert secret.read_text() == "secret\n"
         assert stat.S_IMODE(secret.stat().st_mode) == 0o600
         assert f"{folder} belongs to uid {pwd.getpwnam(ALICE).pw_uid}" in broker.log.read_text()
