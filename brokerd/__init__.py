@@ -4,7 +4,8 @@ Its packages are layers, lowest first; a module imports its own layer and those 
 never one above (tests/test_project_rules.py checks it, and that no imports go round in a
 circle). A request walks down them: edge -> core -> leasing -> state.
 
-    base      logging, a process's kernel identity, facts from /proc
+    base      logging, a process's kernel identity, facts from /proc, a user's groups,
+              trusted folders, a loopback peer's uid
     devices   the device model, the probes (the only vendor code), re-probing, occupancy
     contract  what a job needs, checked against what a device offers
     leasing   the lease manager: holdings, the fair queue, reservations, selection (pure)

@@ -11,6 +11,7 @@ with what it saw.
     python hostile_client.py side LEASE N       the identity socket's calls: release LEASE there,
                                                 garbage, endless and huge headers; then hold N
                                                 connections open
+    python hostile_client.py reports N ROUNDS   N usage reports at once, given up after 2 to 50 ms
 """
 
 from __future__ import annotations
@@ -203,6 +204,26 @@ def inject() -> dict:
     return {}
 
 
+def reports(threads: int, rounds: int) -> dict:
+    """Reports over a year by day, each given up after a few milliseconds, some while they
+    wait for the accounting thread, some while it works on them: the daemon cancels them."""
+    codes: Counter[str] = Counter()
+    c = BrokerConnection()
+    c.call("Status", pb.StatusRequest())  # connected and identified: the deadlines are the report's alone
+    request = pb.ReportRequest(since=time.time() - 366 * 86400, by="day")
+
+    def one(deadline_s: float) -> None:
+        codes[code_of(lambda: c.call("Report", request, timeout=deadline_s))] += 1
+
+    for _ in range(rounds):
+        pool = [threading.Thread(target=one, args=((0.002, 0.005, 0.01, 0.02, 0.05)[i % 5],)) for i in range(threads)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+    return dict(codes)
+
+
 def main() -> None:
     mode, args = sys.argv[1], sys.argv[2:]
     if mode == "malformed":
@@ -215,6 +236,8 @@ def main() -> None:
         result = inject()
     elif mode == "side":
         result = side(args[0], int(args[1]))
+    elif mode == "reports":
+        result = reports(int(args[0]), int(args[1]))
     elif mode == "token":
         c = BrokerConnection()
         c.call("Status", pb.StatusRequest())

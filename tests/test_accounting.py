@@ -303,3 +303,30 @@ def test_pruning_gives_the_space_back_to_the_disk(tmp_path):
     assert acc.prune().result() == 3000
     assert size() < full / 4
     close(acc)
+
+
+def test_the_writer_thread_outlives_a_caller_that_leaves(tmp_path):
+    """Issue 31 item 5: a report whose caller left (its future cancelled) used to make the
+    writer set the result of a cancelled future, which raised and ended the thread."""
+    import threading
+
+    from brokerd.state.accounting_writer import AccountingWriter
+
+    writer = AccountingWriter(sqlite3.connect(tmp_path / "w.db", isolation_level=None, check_same_thread=False))
+    busy, ran = threading.Event(), []
+    try:
+        writer.submit(lambda conn: busy.wait(10))  # the thread is busy with someone's report
+        left = writer.submit(lambda conn: ran.append("left"))
+        assert left.cancel()  # its caller gave up while it waited
+        started = writer.submit(lambda conn: busy.wait(10) and "started")
+        busy.set()
+        assert started.result(10) == "started" and not started.cancel()  # running: no longer cancellable
+        assert writer.submit(lambda conn: conn.execute("SELECT 1").fetchone()[0]).result(10) == 1
+        assert ran == []  # the work of the caller that left was never done
+        # An operation that fails gets its error; the thread goes on with the next one.
+        failed = writer.submit(lambda conn: conn.execute("BEGIN"))  # the writer's own BEGIN is already open
+        with pytest.raises(sqlite3.OperationalError):
+            failed.result(10)
+        assert writer.submit(lambda conn: "still here").result(10) == "still here"
+    finally:
+        writer.close()

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -444,3 +445,86 @@ def test_changing_the_mode_needs_a_restart(gated):
     broker.proc.send_signal(signal.SIGHUP)
     wait_for(lambda: "enforce.mode need a restart" in broker.log.read_text())
     assert status(broker)["enforcement"] == "acl"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_after_a_kill9_what_an_ended_lease_left_holding_a_node_is_stopped_before_the_device_is_granted(
+    gated, users: dict[str, int], staged: Path, nodes: Path  # noqa: F811 - staged: fixture
+):
+    """Issue 31 item 7: alice's lease ends while the daemon is down (her `vaccel run` is
+    killed), her keeper still holds the node. The restarted daemon used to only report it
+    and grant the device to bob at once, shared. Now the keeper is stopped as on any end,
+    and bob's request waits until it has let go."""
+    broker, paths = gated({"GPU-z0": FULL})
+    (node,) = paths.values()
+    run = vaccel_as(broker, staged, ALICE, "run", "-q", "--", sys.executable, str(nodes / "holder.py"), str(nodes),
+                    popen=True)
+    bob = None
+    try:
+        line = run.stdout.readline()
+        assert line, run.stderr.read()
+        keeper = json.loads(line)["keeper"]
+        broker.kill9()
+        run.kill()  # her lease's holder dies while the daemon is down: the lease ends at the restart
+        run.wait(10)
+        assert _alive(keeper)
+        broker.start()
+        asked = time.monotonic()
+        bob = vaccel_as(broker, staged, BOB, "run", "-q", "--", "sh", "-c", "echo granted; sleep 30", popen=True)
+        assert bob.stdout.readline().strip() == "granted", bob.stderr.read()
+        waited = time.monotonic() - asked
+        print(f"\nbob's `vaccel run` was granted {waited:.2f}s after he asked, once the keeper had let go")
+        # By the time bob holds the device, alice's keeper has had its SIGTERM and is gone.
+        marker = nodes / "markers" / "keeper"
+        assert marker.exists() and marker.read_text() == "SIGTERM"
+        assert not _alive(keeper)
+        assert (try_open(ALICE, node), acl.users(node)) == ("EACCES", {users[BOB]})
+        log = broker.log.read_text()
+        assert f"SIGTERM to {ALICE}'s pid {keeper}" in log and "before this start" in log
+    finally:
+        for proc in (run, bob):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        if _alive(keeper):
+            os.kill(keeper, signal.SIGKILL)
+
+
+def test_a_device_held_open_without_a_lease_is_not_granted_until_it_is_let_go(
+    gated, users: dict[str, int], staged: Path, nodes: Path  # noqa: F811 - staged: fixture
+):
+    """The neighbour of the above: with `unleased_processes = "report"` (the default) a
+    process of bob's that holds the node without a lease is only reported, and the device
+    waits for it rather than being shared with alice."""
+    node = mknod(nodes, "held", FULL)
+    code = textwrap.dedent(f"""\
+        import os, time
+        fd = os.open({node!r}, os.O_RDWR)
+        os.setgid({users[BOB]}); os.setuid({users[BOB]})
+        print("open", flush=True)
+        time.sleep(120)
+    """)
+    early = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd="/",
+                             env={"PATH": "/usr/bin:/bin"})
+    try:
+        assert early.stdout.readline().strip() == "open"
+        broker, _ = gated({"GPU-y0": node})
+        (device,) = status(broker)["devices"]
+        assert device["state"] == "busy", device
+        r = vaccel_as(broker, staged, ALICE, "run", "--no-wait", "--", "true")
+        assert r.returncode != 0 and f"pid {early.pid}" in r.stderr, r.stderr
+        early.kill()
+        early.wait(10)
+        wait_for(lambda: status(broker)["devices"][0]["state"] == "free")
+        r = vaccel_as(broker, staged, ALICE, "run", "--no-wait", "--", "true")
+        assert r.returncode == 0, r.stderr
+    finally:
+        if early.poll() is None:
+            early.kill()
+            early.wait(10)

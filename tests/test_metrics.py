@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -100,7 +101,9 @@ def test_metrics_follow_a_lease_with_labels_that_join_dcgm_exporter(start_broker
     assert value(after, "vaccel_lease_ends_total", reason="released") == 1
     assert value(after, "vaccel_lease_ends_total", reason="expired") == 0
     assert value(after, "vaccel_lease_wait_seconds_count") == 1
-    assert value(after, "vaccel_device_hours_total", user=me) > 0
+    # Device-hours by user are other users' history: by default one series, nobody named (issue 31).
+    assert value(after, "vaccel_device_hours_total", user="") > 0
+    assert not [s for s in after["vaccel_device_hours"] if s.labels.get("user")]
 
 
 def test_slow_and_garbage_http_clients_never_stall_the_lease_path(start_broker, workdir):
@@ -159,3 +162,30 @@ def test_job_mapping_reconciles_after_a_restart_and_leaves_other_files(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["0", "5", "notes"]
     assert (tmp_path / "0").read_text() == "l-new\n"
     assert (tmp_path / "5").read_text() == "slurm-4242\n"
+
+
+def test_a_request_trickled_in_is_dropped_after_the_whole_request_deadline(start_broker, workdir):
+    """The old threaded server's timeout was per read: a byte every few seconds kept a
+    request (and one of its 8 threads) forever. Now the request as a whole must arrive
+    within REQUEST_TIMEOUT_S (issue 31 item 9)."""
+    from brokerd.addons.metrics import REQUEST_TIMEOUT_S
+
+    port = free_port()
+    start_broker(LAB_INVENTORY, metrics_config(port, workdir / "jobmap"), workdir=workdir)
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as slow:
+        slow.settimeout(1.0)
+        opened, closed = time.monotonic(), None
+        for byte in b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 60:
+            try:
+                slow.send(bytes([byte]))
+                if slow.recv(1) == b"":
+                    closed = time.monotonic()
+                    break
+            except TimeoutError:
+                continue  # still open: nothing to read yet
+            except OSError:
+                closed = time.monotonic()
+                break
+        assert closed is not None, "a request trickled in for a minute was never dropped"
+    print(f"\nthe trickled request was dropped after {closed - opened:.1f}s (deadline {REQUEST_TIMEOUT_S:.0f}s)")
+    assert scrape(port)["vaccel_devices"]

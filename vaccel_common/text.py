@@ -23,3 +23,11 @@ def _escape(c: str) -> str:
     if code < 0x100:
         return f"\\x{code:02x}"
     return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def argv_text(text: str) -> str:
+    """A command-line string as UTF-8 text. Python keeps argv bytes that are not UTF-8 as
+    lone surrogates, which no message can carry; each such byte becomes a visible `\\xNN`
+    (a reason, a lease id), never a crash. A command to run keeps its bytes: only the copy
+    that names it to others goes through here."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")

@@ -1,13 +1,20 @@
 """The Prometheus endpoint (`[metrics] listen`, off by default): devices by state, leases,
-the queue, waits, grants and ends, device-hours by user, and per device its utilisation,
-memory and lease holder, labelled as dcgm-exporter labels its series (gpu, UUID,
-pci_bus_id, modelName, Hostname) so that a site's GPU dashboards can join them.
+the queue, waits, grants and ends, device-hours, and per device its utilisation, memory
+and lease holder, labelled as dcgm-exporter labels its series (gpu, UUID, pci_bus_id,
+modelName, Hostname) so that a site's GPU dashboards can join them.
 
-The HTTP side runs on its own threads (the standard library's threaded WSGI server with
-prometheus-client's app), never on the event loop: a slow or hostile client holds one
-of at most MAX_CLIENTS threads for at most REQUEST_TIMEOUT_S. A scrape reads the broker's
-state by asking the event loop for a copy (a few microseconds there), so no thread ever
-reads the lease manager while the loop changes it.
+The HTTP side is aiohttp on the daemon's own loop (brokerd/addons/http_guard.py): a slow
+or trickling client is only a coroutine, its request must arrive whole within
+REQUEST_TIMEOUT_S, and each client (a local user, as the kernel knows them, or a remote
+address) holds at most PER_CLIENT connections, so one user's slow connections never
+keep Prometheus from its scrape (issue 31: eight trickling connections used to hold every
+thread of the old threaded server). A scrape reads the broker's state in place, on the
+loop, in well under a millisecond for a host's devices.
+
+Anyone on the host can read the endpoint (it has no login), so it shows what `vaccel
+status` shows everyone, the current holders, and device-hours per user only where the lab
+makes usage public (`[accounting] per_user_report = "everyone"`); otherwise one series
+without a user label carries everyone's hours together.
 """
 
 from __future__ import annotations
@@ -16,17 +23,16 @@ import asyncio
 import ipaddress
 import logging
 import socket
-import socketserver
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
 
+from brokerd.addons.http_guard import ConnectionBudget, serve, split_listen
 from brokerd.core.service import BrokerService
 from brokerd.core.views import device_views
 from brokerd.devices.model import UTILISATION_KEY, Device
@@ -35,9 +41,9 @@ from brokerd.leasing.model import ENDED_STATES, Lease
 
 log = logging.getLogger("vaccel.brokerd")
 
-MAX_CLIENTS = 8  # scrapes served at once; more connections are closed at once
-REQUEST_TIMEOUT_S = 10.0  # a client silent this long mid-request is dropped
-SCRAPE_TIMEOUT_S = 5.0  # how long a scrape waits for the event loop's copy of the state
+MAX_CONNECTIONS = 64
+PER_CLIENT = 8  # Prometheus keeps one connection per target; a few more for people with curl
+REQUEST_TIMEOUT_S = 10.0  # a request not whole this long after the connection (or the last reply) is dropped
 DEVICE_STATES = ("free", "leased", "drained", "busy", "unhealthy", "missing")
 DEVICE_LABELS = ("gpu", "UUID", "pci_bus_id", "modelName", "Hostname")  # dcgm-exporter's names
 WAIT_BUCKETS_S = (1, 10, 60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600, 24 * 3600, 7 * 86400)
@@ -59,7 +65,7 @@ class _DeviceState:
 
 @dataclass(frozen=True)
 class _State:
-    """What one scrape shows, copied on the event loop."""
+    """What one scrape shows."""
 
     devices: tuple[_DeviceState, ...]
     leases_active: int
@@ -89,7 +95,6 @@ class MetricsHook(LeaseHook):
         # a lease restored after a restart adds only its hours since then.
         self._started_at = time.time()
         self._ended_hours: dict[str, float] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
         self.registry.register(self)
 
     # -- the lease's moments (never raise: a raising granted() would refuse the grant) --
@@ -109,32 +114,27 @@ class MetricsHook(LeaseHook):
             user = _user(lease)
             self._ended_hours[user] = self._ended_hours.get(user, 0.0) + hours
 
-    # -- scrapes (on an HTTP thread) -------------------------------------------------------
-
-    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+    # -- scrapes (on the event loop) -------------------------------------------------------
 
     def describe(self) -> list[Metric]:
-        # Nothing to declare up front; without this, registering would collect (and wait
-        # for the event loop that is registering).
+        # Nothing to declare up front; without this, registering would collect at once.
         return []
 
-    async def _read(self) -> _State:
+    def _read(self) -> _State:
         manager = self.service.manager
         now = time.time()
         hours = dict(self._ended_hours)
         for lease in manager.leases.values():
             user = _user(lease)
             hours[user] = hours.get(user, 0.0) + _hours(lease, now, self._started_at)
+        if self.service.config.accounting_per_user_report != "everyone":
+            hours = {"": sum(hours.values())}  # other users' history: everyone's together, no user label
         devices = tuple(_DeviceState(v.device, v.state, v.lease.id if v.lease else "",
                                      _user(v.lease) if v.lease else "") for v in device_views(manager))
         return _State(devices, len(manager.leases), len(manager.queue), hours)
 
     def collect(self) -> Iterator[Metric]:
-        if self._loop is None:
-            return
-        state = asyncio.run_coroutine_threadsafe(self._read(), self._loop).result(SCRAPE_TIMEOUT_S)
-        yield from self._families(state)
+        yield from self._families(self._read())
 
     def _families(self, state: _State) -> Iterator[Metric]:
         by_state = GaugeMetricFamily("vaccel_devices", "Devices by state", labels=["state"])
@@ -146,7 +146,8 @@ class MetricsHook(LeaseHook):
         yield by_state
         yield GaugeMetricFamily("vaccel_leases_active", "Leases holding devices now", value=state.leases_active)
         yield GaugeMetricFamily("vaccel_queue_length", "Requests waiting for devices", value=state.queue_length)
-        hours = CounterMetricFamily("vaccel_device_hours", "Device-hours leased since the daemon started, by user",
+        hours = CounterMetricFamily("vaccel_device_hours", "Device-hours leased since the daemon started, by user "
+                                    "where usage is public (accounting.per_user_report), else all together",
                                     labels=["user"])
         for user, value in sorted(state.device_hours.items()):
             hours.add_metric([user], value)
@@ -190,52 +191,6 @@ def _hours(lease: Lease, until: float, started_at: float) -> float:
 # -- the HTTP server -----------------------------------------------------------------------
 
 
-class _Handler(WSGIRequestHandler):
-    timeout = REQUEST_TIMEOUT_S  # StreamRequestHandler sets it on the connection
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # a scrape every 15 s is not news; errors reach the daemon's log through the app
-
-
-class _BoundedServer(socketserver.ThreadingMixIn, WSGIServer):
-    """A thread per connection, at most MAX_CLIENTS of them."""
-
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._slots = threading.BoundedSemaphore(MAX_CLIENTS)
-        super().__init__(*args, **kwargs)
-
-    def server_bind(self) -> None:
-        # HTTPServer's own looks the address up in DNS (getfqdn), on the event loop at
-        # start-up: a broken resolver must not delay the daemon. The name is unused here.
-        socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = str(self.server_address[0]), int(self.server_address[1])
-        self.setup_environ()
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except Exception:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-
-def _split(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
 def _is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -244,27 +199,32 @@ def _is_loopback(host: str) -> bool:
 
 
 class MetricsServer:
-    """/metrics over HTTP on `address` ("host:port"), on its own threads."""
+    """/metrics over HTTP on `address` ("host:port"), on the daemon's loop; any path answers."""
 
     def __init__(self, hook: MetricsHook, address: str) -> None:
         self.hook = hook
         self.address = address
-        self._server: WSGIServer | None = None
-        self._thread: threading.Thread | None = None
+        self.budget = ConnectionBudget("metrics", per_client=PER_CLIENT, total=MAX_CONNECTIONS)
+        self._runner: web.AppRunner | None = None
+        self._server: asyncio.AbstractServer | None = None
+
+    async def _scrape(self, request: web.Request) -> web.Response:
+        encode, content_type = choose_encoder(request.headers.get("Accept", ""))
+        return web.Response(body=encode(self.hook.registry), headers={"Content-Type": content_type})
 
     async def start(self) -> None:
-        host, port = _split(self.address)
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
-        server_class = type("_MetricsServer", (_BoundedServer,), {"address_family": family})
-        self.hook.bind(asyncio.get_running_loop())
-        self._server = make_server(host, port, make_wsgi_app(self.hook.registry), server_class, _Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="vaccel-metrics", daemon=True)
-        self._thread.start()
+        host, port = split_listen(self.address)
+        app = web.Application(client_max_size=1024)
+        app.router.add_get("/{path:.*}", self._scrape)
+        self._runner, self._server = await serve(app, host, port, self.budget, request_timeout_s=REQUEST_TIMEOUT_S)
         if not _is_loopback(host):
             log.warning("metrics served on %s: anyone who can reach it reads who holds which device", self.address)
         log.info("metrics served on http://%s/metrics", self.address)
 
     async def close(self) -> None:
         if self._server is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self._server.shutdown)
-            self._server.server_close()
+            self._server.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._server is not None:
+            await self._server.wait_closed()

@@ -6,19 +6,21 @@ overrides, the lease time limits, and the fair queue's settings (docs/policy.md)
                              max_device_hours, window
     [policy.group.NAME]      members of Unix group NAME: any key of [policy.default]
 
-A user in several configured groups gets the first of them in the file's order. Every
-value is checked when the file is read: a bad one is refused with the file, its line and
-the key, and a reload keeps the running policy.
+A user in several configured groups gets the first of them in the file's order. The
+groups are the user's (their primary group and every group that lists them, looked up by
+user: brokerd/base/groups.py), never the asking process's gid, which the process picks
+(`sg`). Every value is checked when the file is read: a bad one is refused with the file,
+its line and the key, and a reload keeps the running policy.
 """
 
 from __future__ import annotations
 
 import grp
-import os
 import re
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from brokerd.base.groups import BOOK
 from brokerd.leasing.model import UserLimits
 from vaccel_common.units import format_duration, parse_duration
 
@@ -60,6 +62,7 @@ class EffectiveLimits:
     time_max_s: float
     max_device_hours: float
     window_s: float
+    group: str = ""  # the group whose table applies ("students"), "" for the default
 
     def user_limits(self) -> UserLimits:
         return UserLimits(self.name, self.max_devices, self.max_waiting, self.max_device_hours, self.window_s)
@@ -74,22 +77,35 @@ class PolicyConfig:
     idle_reclaim_s: float = 0.0  # 0 = off
     idle_warning_s: float = 300.0  # notice given before an idle lease is reclaimed
 
-    def for_user(self, user: str, gid: int) -> EffectiveLimits:
-        base = self.default
-        name = "default"
+    def for_user(self, user: str, _process_gid: int | None = None) -> EffectiveLimits:
+        """The limits of the user named `user`: [policy.default] under the first group table,
+        in the file's order, of a group the user belongs to. (`_process_gid` is not used: the
+        process picks it; it stays for callers that still pass it.)"""
+        base, name, chosen = self.default, "default", ""
         if self.groups:
-            try:
-                mine = {grp.getgrgid(g).gr_name for g in os.getgrouplist(user, gid)} if user else set()
-            except (KeyError, OSError):
-                mine = set()
+            mine = BOOK.of(user).names
             for group, limits in self.groups:
                 if group in mine:
                     base = replace(base, **{f.name: getattr(limits, f.name) for f in fields(Limits)
                                             if getattr(limits, f.name) is not None})
-                    name = f"group {group}"
+                    name, chosen = f"group {group}", group
                     break
         values = {f.name: getattr(base, f.name) for f in fields(Limits)}
-        return EffectiveLimits(name=name, **values)
+        return EffectiveLimits(name=name, group=chosen, **values)
+
+
+def counted_gid(policy: PolicyConfig, user: str, process_gid: int) -> int:
+    """The group a user's lease counts under (`vaccel report --by group`): the group whose
+    table the policy applies to them, else their primary group; the process's own gid
+    (its to pick) only for a user this host does not know."""
+    chosen = policy.for_user(user).group
+    if chosen:
+        try:
+            return grp.getgrnam(chosen).gr_gid
+        except KeyError:
+            pass  # removed since the policy was read: as if no table applied
+    primary = BOOK.of(user).primary_gid
+    return primary if primary is not None else process_gid
 
 
 _LIMIT_KEYS = {

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from brokerd.base.groups import BOOK
 from brokerd.base.journal import log_event
 from brokerd.base.process import Holder, Identity
 from brokerd.config.loader import Config
@@ -41,7 +42,9 @@ class Governance:
         self.adopt(config())
 
     def adopt(self, config: Config) -> None:
-        """Take up the [policy] section: fair share's half-life and window, aging."""
+        """Take up the [policy] section: fair share's half-life and window, aging; and look
+        the users' groups up afresh (the admin may have changed them before the reload)."""
+        BOOK.forget()
         self.manager.usage.half_life_s = config.policy.fair_half_life_s
         # The longest window any table asks for: use older than that is forgotten.
         windows = [config.policy.default.window_s or 0.0, *(g.window_s or 0.0 for _, g in config.policy.groups)]
@@ -50,7 +53,7 @@ class Governance:
 
     def limits_for(self, holder: Holder) -> EffectiveLimits:
         """The limits that apply to the holder's user."""
-        return self._config().policy.for_user(holder.user, holder.gid)
+        return self._config().policy.for_user(holder.user)
 
     def time_limit(self, limits: EffectiveLimits, asked_s: float) -> float:
         """The time limit a request gets: what it asked for, else the policy's default,
@@ -102,7 +105,7 @@ class Governance:
             people.setdefault(uid, holder)
         views = []
         for uid, holder in people.items():
-            limits = policy.for_user(holder.user, holder.gid)
+            limits = policy.for_user(holder.user)
             leases = own.get(uid, [])  # the usage book counts only this uid's leases anyway
             views.append(UsageView(
                 user=holder.user or str(uid), uid=uid, policy=limits.name,

@@ -37,6 +37,7 @@ class Inventory:
         self._reclaim_idle = reclaim_idle
         self._refresh = refresh
         self._unleased = UnleasedSignaller()
+        self._held: dict[str, dict[str, str]] = {}  # an add-on -> the devices it holds back, with why
 
     def start(self) -> None:
         """Re-probe periodically, if the config asks for it and there is a probe to run."""
@@ -64,8 +65,23 @@ class Inventory:
         self.snapshot = snapshot
         self.occupancy, unavailable = occupancy_of(snapshot, self.manager.leases.values(),
                                                    self._config().enforce_mode)
+        for held in self._held.values():
+            unavailable = {**held, **unavailable}
         for lost in self.manager.set_inventory(snapshot.devices, unavailable):
             self.tasks.keep(self._record_end(lost))
+
+    def hold_back(self, by: str, devices: dict[str, str]) -> None:
+        """`by` (an add-on) says which devices must not be granted now (uuid -> why, as
+        `vaccel status` shows it), in place of what it said before; what it lets go is
+        granted at once."""
+        if self._held.get(by, {}) == devices:
+            return
+        self._held[by] = dict(devices)
+        before = dict(self.manager.unavailable)
+        self.adopt(self.snapshot)
+        if before != self.manager.unavailable:
+            self._pump_soon()
+            self.changes.changed()
 
 
 def occupancy_of(

@@ -332,12 +332,30 @@ class BrokerService:
         self.permissions.require(Action.STATUS, identity)
 
     def status(self, identity: Identity) -> StatusView:
-        """Every device with its holder, the queue, GPU processes without a lease, probes."""
+        """Every device with its holder, the queue, GPU processes without a lease, probes;
+        and use against the limits: everyone's for those who may see other users' usage
+        (as in a report), else the caller's own (device-hours are history, not a holder)."""
         self.permissions.require(Action.STATUS, identity)
         snapshot = self.inventory.snapshot
+        usage, only = self.governance.usage_views(), self.usage_seen_by(identity)
+        if only is not None:
+            usage = tuple(use for use in usage if use.uid == only)
         return StatusView(device_views(self.manager), tuple(self.manager.queue), self.inventory.occupancy.unleased,
-                          snapshot.verdicts, snapshot.simulated, self.governance.usage_views(),
+                          snapshot.verdicts, snapshot.simulated, usage,
                           self._allocator.outside_status() if self._allocator is not None else None)
+
+    def hold_back(self, by: str, devices: dict[str, str]) -> None:
+        """An add-on's devices that must not be granted now (uuid -> why), replacing what
+        `by` held back before (brokerd/core/inventory.py)."""
+        self.inventory.hold_back(by, devices)
+
+    def usage_seen_by(self, identity: Identity) -> int | None:
+        """Whose use against the limits `identity` sees in the status: everyone's (None) where
+        they may see other users' rows in a report, else only their own (their uid)."""
+        if self._config.accounting_per_user_report == "everyone" or \
+                self.permissions.allows(Action.REPORT_OTHERS, identity):
+            return None
+        return identity.uid
 
     def usage_views(self) -> tuple[UsageView, ...]:
         """Each user holding or waiting for devices, against their limits."""

@@ -11,6 +11,7 @@ import pwd
 import time
 from collections.abc import Callable
 
+from brokerd.base.groups import BOOK
 from brokerd.base.process import Holder, Identity
 from brokerd.base.procinfo import process_info, user_name
 
@@ -43,9 +44,9 @@ class UserDirectory:
             return cached[0]
         gid = self._admin_gid()
         admin = False
-        if gid is not None:
+        if gid is not None:  # the user's groups, not the process's gid (brokerd/base/groups.py)
             with contextlib.suppress(KeyError, OSError):
-                admin = gid in os.getgrouplist(pwd.getpwuid(identity.uid).pw_name, identity.gid)
+                admin = gid in BOOK.of(pwd.getpwuid(identity.uid).pw_name).gids
         self._admins[identity.uid] = (admin, now)
         return admin
 

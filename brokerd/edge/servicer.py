@@ -208,7 +208,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         identity = await self._identity(context)
         try:
             self.service.may_see_status(identity)
-            return self.status_cache.reply(self.service, lambda: status_reply(self.service, identity))
+            return self.status_cache.reply(self.service, identity, lambda: status_reply(self.service, identity))
         except LeaseError as exc:
             await self._fail(context, exc)
 

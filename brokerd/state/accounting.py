@@ -4,9 +4,10 @@ its own SQLite file, `accounting.db` in the state directory, kept `accounting.ke
 (400 days) and at most `accounting.max_rows` rows.
 
 Accounting follows the lease path and never sits on it: rows are written by one writer
-thread (WAL, synchronous=NORMAL: a crash of the daemon loses nothing committed, a power
-cut may lose the last moments, which the backfill below restores from the lease store's
-own history), a failure is logged, and a lease is recorded when it ends. Leases still
+thread (brokerd/state/accounting_writer.py, which survives any one failure; WAL,
+synchronous=NORMAL: a crash of the daemon loses nothing committed, a power cut may lose
+the last moments, which the backfill below restores from the lease store's own history),
+a failure is logged, and a lease is recorded when it ends. Leases still
 running are reported from memory with "now" as their end, so a report mid-lease is right.
 After a restart, leases the lease store saw end but this file missed (a kill -9 between
 the two) are filled in from the store's recently ended leases.
@@ -24,19 +25,19 @@ import contextlib
 import grp
 import json
 import logging
-import queue
 import sqlite3
-import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from brokerd.config.loader import Config
+from brokerd.config.policy import counted_gid
 from brokerd.devices.model import UTILISATION_KEY, Snapshot
 from brokerd.leasing.hooks import LeaseHook
 from brokerd.leasing.model import Lease
+from brokerd.state.accounting_writer import AccountingWriter
 from brokerd.state.report import STILL_ACTIVE, Report, UsageRow, build_report
 
 log = logging.getLogger("vaccel.brokerd")
@@ -61,10 +62,6 @@ CREATE INDEX IF NOT EXISTS usage_ended ON usage(ended_at);
 _COLUMNS = ("lease_id, uid, user, gid, devices, granted_at, ended_at, wait_s, state, end_reason, "
             "reservation, util_mean_pct, idle_device_s")
 
-T = TypeVar("T")
-Op = Callable[[sqlite3.Connection], Any]
-
-
 @dataclass
 class _Live:
     """A running lease and what the probes have said about its devices so far."""
@@ -75,12 +72,13 @@ class _Live:
     idle_s: float = 0.0  # device-seconds read at 0 %
 
 
-def usage_row(lease: Lease, live: _Live | None, now: float) -> UsageRow:
-    """The row a lease makes, ended or (with `now` as its end) still running."""
+def usage_row(lease: Lease, live: _Live | None, now: float, gid: int) -> UsageRow:
+    """The row a lease makes, ended or (with `now` as its end) still running; `gid` is the
+    group it counts under (brokerd/config/policy.py counted_gid)."""
     sampled = live is not None and live.sampled_s > 0
     holder = lease.holder
     return UsageRow(
-        lease_id=lease.id, uid=holder.uid, user=holder.user, gid=holder.gid, devices=tuple(lease.devices),
+        lease_id=lease.id, uid=holder.uid, user=holder.user, gid=gid, devices=tuple(lease.devices),
         granted_at=lease.granted_at, ended_at=max(now if lease.active else lease.ended_at, lease.granted_at),
         wait_s=max(0.0, lease.granted_at - lease.requested_at) if lease.requested_at else 0.0,
         state=STILL_ACTIVE if lease.active else lease.state, end_reason=lease.end_reason,
@@ -139,82 +137,6 @@ def open_database(path: Path, clock: Callable[[], float] = time.time) -> sqlite3
         return _open(path)
 
 
-# A lease's end row may wait this long for company before it is committed: on a busy
-# host one commit then carries many ends, and this thread leaves the cores to the lease
-# path (a lost row is put back from the lease store at start: the backfill above).
-_GATHER_S = 0.5
-
-
-class _Writer:
-    """One thread owns the connection; whatever is queued while it works goes into its
-    next transaction, so a burst of lease ends costs one commit. Rows submitted with
-    `gather` wait up to _GATHER_S for more; anything else (a report) goes at once."""
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self._conn = conn
-        self._ops: queue.SimpleQueue[tuple[Op, concurrent.futures.Future[Any], bool] | None] = queue.SimpleQueue()
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name="vaccel-accounting", daemon=True)
-        self._thread.start()
-
-    def submit(self, op: Callable[[sqlite3.Connection], T], *, gather: bool = False) -> concurrent.futures.Future[T]:
-        future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        if self._closed:
-            future.set_exception(RuntimeError("accounting is closed"))
-        else:
-            self._ops.put((op, future, gather))
-        return future
-
-    def close(self, timeout_s: float = 10.0) -> None:
-        if not self._closed:
-            self._closed = True
-            self._ops.put(None)
-            self._thread.join(timeout_s)
-
-    def _run(self) -> None:
-        stop = False
-        while not stop:
-            item = self._ops.get()
-            if item is None:
-                break
-            batch = [item]
-            deadline = time.monotonic() + _GATHER_S if item[2] else 0.0
-            while True:
-                try:
-                    wait = deadline - time.monotonic()
-                    more = self._ops.get(timeout=wait) if wait > 0 else self._ops.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None:
-                    stop = True
-                    break
-                batch.append(more)
-                if not more[2]:
-                    deadline = 0.0  # someone waits for this one: commit now
-            self._commit([(op, future) for op, future, _ in batch])
-        self._conn.close()
-
-    def _commit(self, batch: list[tuple[Op, concurrent.futures.Future[Any]]]) -> None:
-        done: list[tuple[concurrent.futures.Future[Any], Any, BaseException | None]] = []
-        try:
-            self._conn.execute("BEGIN")
-            for op, future in batch:
-                try:
-                    done.append((future, op(self._conn), None))
-                except Exception as exc:  # this op's statement is undone, the others stand
-                    done.append((future, None, exc))
-            self._conn.execute("COMMIT")
-        except Exception as exc:
-            with contextlib.suppress(sqlite3.Error):
-                self._conn.execute("ROLLBACK")
-            done = [(future, None, exc) for _, future in batch]
-        for future, result, error in done:
-            if error is None:
-                future.set_result(result)
-            else:
-                future.set_exception(error)
-
-
 class Accounting(LeaseHook):
     """The accounting hook: live leases in memory, ended ones on disk, reports over both."""
 
@@ -234,7 +156,7 @@ class Accounting(LeaseHook):
         self._snapshot = snapshot
         self._recently_ended = recently_ended
         self._clock = clock
-        self._writer = _Writer(open_database(self.path, clock))
+        self._writer = AccountingWriter(open_database(self.path, clock))
         self._live: dict[str, _Live] = {}
         self._last_snapshot: Snapshot | None = None
         self._last_sample_at: float | None = None
@@ -246,7 +168,8 @@ class Accounting(LeaseHook):
     def restored(self, active: Iterable[Lease]) -> None:
         self._live = {lease.id: _Live(lease) for lease in active}
         now = self._clock()
-        missed = [usage_row(lease, None, now) for lease in self._recently_ended() if not lease.active]
+        missed = [usage_row(lease, None, now, self._gid(lease)) for lease in self._recently_ended()
+                  if not lease.active]
         if missed:
             self._logged(self._writer.submit(lambda conn: conn.executemany(
                 f"INSERT OR IGNORE INTO usage ({_COLUMNS}) VALUES ({','.join('?' * 13)})",
@@ -257,10 +180,13 @@ class Accounting(LeaseHook):
         self._live[lease.id] = _Live(lease)
 
     def ended(self, lease: Lease) -> None:
-        row = usage_row(lease, self._live.pop(lease.id, None), self._clock())
+        row = usage_row(lease, self._live.pop(lease.id, None), self._clock(), self._gid(lease))
         self._logged(self._writer.submit(gather=True, op=lambda conn: conn.execute(
             f"INSERT OR REPLACE INTO usage ({_COLUMNS}) VALUES ({','.join('?' * 13)})", _values(row))),
             f"the end of lease {lease.id}")
+
+    def _gid(self, lease: Lease) -> int:
+        return counted_gid(self._config().policy, lease.holder.user, lease.holder.gid)
 
     @staticmethod
     def _logged(future: concurrent.futures.Future[Any], what: str) -> None:
@@ -351,7 +277,8 @@ class Accounting(LeaseHook):
         until = until or now
         since = since or until - DEFAULT_SPAN_S
         # Copied here, on the caller's thread: the writer thread never reads live state.
-        live = [usage_row(live.lease, live, now) for live in list(self._live.values()) if live.lease.active]
+        live = [usage_row(live.lease, live, now, self._gid(live.lease)) for live in list(self._live.values())
+                if live.lease.active]
         everyone = viewer_is_admin or self._config().accounting_per_user_report == "everyone"
 
         def build(conn: sqlite3.Connection) -> Report:

@@ -3,7 +3,8 @@
 Whoever can write into it could plant the token key (and mint a uid-0 token), swap the
 database, or point the lock or the key's temporary file at another file through a
 symlink. So the daemon refuses to start unless the folder is owned by its own user and
-writable by no one else, and every entry in it is a plain file of that user, not a
+writable by no one else, the folders on the way to it can be replaced by no one else
+(brokerd/base/trusted_dir.py), and every entry in it is a plain file of that user, not a
 symlink; the files themselves are then opened with O_NOFOLLOW (and new ones O_EXCL).
 """
 
@@ -13,6 +14,8 @@ import fcntl
 import os
 import stat
 from pathlib import Path
+
+from brokerd.base.trusted_dir import UntrustedDir, open_trusted_dir
 
 LOCK_FILE = "brokerd.lock"
 SECRET_FILES = ("token.key",)  # readable by the broker alone
@@ -42,6 +45,10 @@ def check_state_dir(path: Path) -> None:
     if st.st_mode & 0o022:
         raise UnsafeStateDir(f"refusing the state directory {path}: it is writable by others (mode "
                              f"{stat.S_IMODE(st.st_mode):04o}); chmod 700 {path}")
+    try:  # and the folders on the way: whoever may replace one of them may replace this one
+        os.close(open_trusted_dir(path))
+    except UntrustedDir as exc:
+        raise UnsafeStateDir(f"refusing the state directory {path}: {exc}") from None
     for entry in os.scandir(path):
         info = entry.stat(follow_symlinks=False)
         loose = 0o077 if entry.name in SECRET_FILES else 0o022

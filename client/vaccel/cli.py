@@ -18,6 +18,7 @@ from vaccel.cli_common import (
     EXIT_REFUSED,
     EXIT_USAGE,
     CliError,
+    as_text,
     connection,
     devices_arg,
     refused,
@@ -379,7 +380,7 @@ def _exit_now(code: int) -> None:
 
 def _main(argv: list[str] | None) -> int:
     words = sys.argv[1:] if argv is None else argv
-    args = build_parser(_command_named(words)).parse_args(words)
+    args = as_text(build_parser(_command_named(words)).parse_args(words))
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

@@ -11,7 +11,7 @@ from vaccel.connection import BrokerConnection, BrokerUnavailable
 from vaccel.grpc_lazy import grpc
 from vaccel.lease_types import LeaseError
 from vaccel_common import status_json as status_shape
-from vaccel_common.text import printable
+from vaccel_common.text import argv_text, printable
 from vaccel_common.units import format_duration, parse_duration, parse_size_mib
 
 EXIT_REFUSED = 1
@@ -123,3 +123,16 @@ def signal_number(name: str) -> int | None:
             name.upper() if name.upper().startswith("SIG") else f"SIG{name.upper()}"])
     except (KeyError, ValueError):
         raise CliError(f"--signal {name!r} is not a signal name (USR1, SIGUSR2, TERM, none)", EXIT_USAGE) from None
+
+
+def as_text(args: argparse.Namespace) -> argparse.Namespace:
+    """Every option and operand as UTF-8 text (bytes that are not become `\\xNN`), except the
+    command to run, which keeps its bytes for exec."""
+    for name, value in vars(args).items():
+        if name == "cmd":
+            continue
+        if isinstance(value, str):
+            setattr(args, name, argv_text(value))
+        elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+            setattr(args, name, [argv_text(v) for v in value])
+    return args

@@ -45,6 +45,7 @@ from vaccel import process_tree
 from vaccel.lease_types import Lease, LeaseEnding
 from vaccel.session import LeaseRequest, LeaseSession
 from vaccel_common.backends import DEVICE_ENV_VARS
+from vaccel_common.text import argv_text
 
 if TYPE_CHECKING:
     from vaccel.containers import ContainerRun
@@ -162,8 +163,8 @@ def run_under_lease(
                                        "to containers by vaccel; run the engine without vaccel run")
             _announce(quiet, job, " (Slurm job)")
             return _supervise(command, slurm_job.NoSession(), job, child_env(job, None), wake)  # type: ignore[arg-type]
-        request = LeaseRequest(gpus=gpus, min_memory_mib=min_memory_mib, wait=wait, contract=contract,
-                               config=config, command=" ".join(command), time=time_limit, devices=devices)
+        request = LeaseRequest(gpus=gpus, min_memory_mib=min_memory_mib, wait=wait, contract=contract, config=config,
+                               command=" ".join(map(argv_text, command)), time=time_limit, devices=devices)
         ending = _Ending(wake, warn_signal)
         with LeaseSession(socket, on_queue=queue_printer(quiet), on_lost=wake,
                           say=lambda m: _say(False, m), on_ending=ending) as session:

@@ -17,6 +17,10 @@
   once and, with `probe.unleased_processes = "signal"`, stopped like the above once seen
   for `probe.unleased_grace`. System accounts (a driver's persistence daemon) are only
   reported, root's processes neither.
+- a device whose node such a process holds is not granted until it lets go, and at
+  start-up what still holds a node for a lease that has ended (while the daemon was down,
+  or in its last moments) is stopped as that end would have stopped it, before anyone is
+  served (brokerd/addons/enforce/holds.py).
 
 Everything that touches the lease table runs on the event loop (ACL calls are a getxattr
 and a setxattr); only the /proc scans run on a thread.
@@ -34,12 +38,14 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from brokerd.addons.enforce import acl
+from brokerd.addons.enforce.holds import grace_left, held_open, leftover_of
 from brokerd.addons.enforce.openers import Opener, find_openers, first_login_uid
 from brokerd.base.journal import log_event
 from brokerd.base.process import ProcessId
 from brokerd.base.procinfo import user_name
 from brokerd.core.reaper import signal_all
 from brokerd.core.service import BrokerService
+from brokerd.devices.model import Device
 from brokerd.devices.nodes import gate_problem, holds_back, node_id
 from brokerd.leasing.hooks import LeaseHook
 from brokerd.leasing.model import RELEASED, Lease
@@ -74,6 +80,7 @@ class DeviceGate(LeaseHook):
         log_event("gate", f"enforcement on: {sum(not gate_problem(d) for d in devices)} device(s) gated"
                   + (f"; not gated, so never granted: {', '.join(ungated)}" if ungated else ""),
                   level=logging.WARNING if ungated else logging.INFO)
+        self._stop_leftovers()
         self._spawn(self._sweep_forever())
 
     def granted(self, lease: Lease) -> None:
@@ -206,6 +213,43 @@ class DeviceGate(LeaseHook):
         finally:
             self._stopping -= stopping
 
+    # -- what holds a node without a lease -----------------------------------------------
+
+    def _gated(self) -> dict[str, Device]:
+        return {d.uuid: d for d in self.service.manager.devices.values() if not gate_problem(d)}
+
+    def _hold(self, found: list[Opener], devices: dict[str, Device]) -> None:
+        self.service.hold_back(self.name, held_open(found, self._wanted, devices.values(), self._system_below))
+
+    def _stop_leftovers(self) -> None:
+        """At start-up, before anyone is served: the devices held open without a lease are
+        held back, and what holds them for a lease that has ended is stopped. The scan runs
+        here, on the loop, which has nobody to serve yet."""
+        devices = self._gated()
+        ids = [i for d in devices.values() for path in d.device_nodes if (i := node_id(path))]
+        found = find_openers(ids) if ids else []
+        self._hold(found, devices)
+        now, grace = time.time(), self.service.config.enforce_grace_s
+        for o in found:
+            if o.uid < self._system_below or all(o.uid in self._wanted(path) for path in o.nodes):
+                continue
+            lease = leftover_of(o, self.service.manager.ended.values(), devices)
+            if lease is None:
+                continue  # it opened the node some other way: the sweep's rules apply
+            self._stopping.add(o.process)
+
+            def scan(pid: int = o.process.pid, uid: int = o.uid) -> Scan:
+                return lambda: find_openers(ids, uid=uid, only=[pid])
+
+            why = f"it still had the device open after lease {lease.id} ended ({lease.state}) before this start"
+            self._spawn(self._stop_after(grace_left(lease, grace, now), scan, why, frozenset({o.process}),
+                                         lease_id=lease.id, user=o.user, device_uuids=lease.devices))
+
+    async def _stop_after(self, delay_s: float, scan: Callable[[], Scan], why: str, claimed: frozenset[ProcessId],
+                          **fields: Any) -> None:
+        await asyncio.sleep(delay_s)
+        await self._stop(scan, why, claimed, **fields)
+
     # -- the sweep ---------------------------------------------------------------------
 
     async def _sweep_forever(self) -> None:
@@ -224,9 +268,10 @@ class DeviceGate(LeaseHook):
                    for path in opener.nodes)
 
     async def _look_for_unleased(self) -> None:
-        devices = [d for d in self.service.manager.devices.values() if not gate_problem(d)]
-        ids = [i for d in devices for path in d.device_nodes if (i := node_id(path))]
+        devices = self._gated()
+        ids = [i for d in devices.values() for path in d.device_nodes if (i := node_id(path))]
         found = await asyncio.get_running_loop().run_in_executor(None, lambda: find_openers(ids)) if ids else []
+        self._hold(found, devices)
         config, now = self.service.config, time.time()
         unleased = [o for o in found if self._unleased(o)]  # judged now: the scan took a while
         self._seen = {o.process: self._seen.get(o.process, now) for o in unleased}

@@ -3,9 +3,11 @@ open page as one `status` event carrying the `vaccel status --json` data.
 
 Bounded in every direction a page could push the daemon: a burst of changes becomes at
 most MAX_PUSHES_PER_S events (the last state wins), at most MAX_CLIENTS streams are open,
-and a client that does not read its events falls behind by at most QUEUE_SIZE of them
-before it is dropped (its browser reconnects by itself) — so no client makes the daemon
-buffer without limit or wait for it.
+at most MAX_PER_CLIENT of them for one client (a local user, as the kernel knows them:
+brokerd/addons/http_guard.py), so one user holding streams open keeps only themselves
+off, and a client that does not read its events falls behind by at most QUEUE_SIZE of
+them before it is dropped (its browser reconnects by itself) — so no client makes the
+daemon buffer without limit or wait for it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from aiohttp import web
 log = logging.getLogger("vaccel.brokerd")
 
 MAX_CLIENTS = 64
+MAX_PER_CLIENT = 8  # a person keeps a few tabs open; more is someone holding places
 MAX_PUSHES_PER_S = 5
 QUEUE_SIZE = 4
 KEEPALIVE_S = 15.0  # a comment line now and then: proxies and browsers keep the stream open
@@ -31,9 +34,10 @@ RETRY_MS = 2000  # what the browser waits before it reconnects
 
 
 class _Client:
-    def __init__(self, task: asyncio.Task[Any], transport: asyncio.BaseTransport | None) -> None:
+    def __init__(self, task: asyncio.Task[Any], transport: asyncio.BaseTransport | None, who: str) -> None:
         self.task = task
         self.transport = transport
+        self.who = who
         self.queue: asyncio.Queue[bytes] = asyncio.Queue(QUEUE_SIZE)
 
     def drop(self) -> None:
@@ -49,8 +53,10 @@ class Broadcaster:
     brokerd/core/changes.py); building the event happens once per push, on the loop, shared
     by every client."""
 
-    def __init__(self, snapshot: Callable[[], dict[str, Any]], clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, snapshot: Callable[[], dict[str, Any]], client_of: Callable[[web.Request], str],
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._snapshot = snapshot
+        self._client_of = client_of  # who is asking, for the per-client bound
         self._clock = clock
         self._clients: set[_Client] = set()
         self._scheduled: asyncio.TimerHandle | None = None
@@ -92,12 +98,16 @@ class Broadcaster:
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
         """GET /events: the current status at once, then one event per change."""
+        who = self._client_of(request)
         if self._closed or len(self._clients) >= MAX_CLIENTS:
             raise web.HTTPServiceUnavailable(text=f"at most {MAX_CLIENTS} live pages at once; try again later\n",
                                              headers={"Retry-After": "30"})
+        if sum(client.who == who for client in self._clients) >= MAX_PER_CLIENT:
+            raise web.HTTPTooManyRequests(text=f"at most {MAX_PER_CLIENT} live pages at once for one user; "
+                                               "close one\n", headers={"Retry-After": "30"})
         task = asyncio.current_task()
         assert task is not None
-        client = _Client(task, request.transport)
+        client = _Client(task, request.transport, who)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store",
                                                "X-Accel-Buffering": "no"})
         self._clients.add(client)

@@ -1,11 +1,19 @@
 """The dashboard's HTTP server: aiohttp on the daemon's own event loop, read-only, with
 no login (it shows only what `vaccel status` shows every local user).
 
-What keeps it from ever stalling the lease path: every handler is a short synchronous
-read of memory (the report is cached), a slow client is only a coroutine, the request
-line and headers are size-limited, a connection that does not finish its request within
-IDLE_TIMEOUT_S is closed, at most MAX_CONNECTIONS are open at once (a connection costs
-the daemon a file descriptor), and the live streams are bounded (brokerd/addons/web/push.py).
+What keeps it from ever stalling the lease path, and one client from keeping the others
+off: every handler is a short synchronous read of memory (the report is cached, and
+waited for at most REPORT_WAIT_S), a slow client is only a coroutine, a request must
+arrive whole within IDLE_TIMEOUT_S, at most MAX_CONNECTIONS are open at once and at most
+PER_CLIENT_CONNECTIONS of one client (a local user, as the kernel knows them:
+brokerd/addons/http_guard.py), and the live streams are bounded in all and per client
+(brokerd/addons/web/push.py).
+
+What it shows is what any local user may see (docs/security.md, "Privacy"): the status as
+`vaccel status` shows it to a user who is not an admin, and other users' history (the
+timeline's past holders, the report's per-user rows) only where the lab made usage
+public (`[accounting] per_user_report = "everyone"`): the page has no login, so it
+cannot tell an admin from anyone else.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from importlib import resources
 
 from aiohttp import web
 
+from brokerd.addons.http_guard import ConnectionBudget, serve, split_listen
 from brokerd.addons.web import shapes
 from brokerd.addons.web.push import Broadcaster
 from brokerd.base.journal import log_event
@@ -28,9 +37,9 @@ from vaccel_common.units import parse_duration
 log = logging.getLogger("vaccel.brokerd")
 
 MAX_CONNECTIONS = 256
+PER_CLIENT_CONNECTIONS = 32  # a browser opens 6 per host; a few pages and tabs stay far below
 IDLE_TIMEOUT_S = 15.0  # also bounds a client that trickles its request in
-MAX_LINE = 4096  # the request line and each header line
-MAX_HEADERS = 64
+REPORT_WAIT_S = 10.0  # the accounting thread may be busy with a year's report for an admin
 MAX_REPORT_S = 366 * 86400
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
 
@@ -44,12 +53,6 @@ _HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
-
-
-def split_listen(listen: str) -> tuple[str, int]:
-    """"127.0.0.1:8642" -> ("127.0.0.1", 8642); "[::1]:8642" -> ("::1", 8642)."""
-    host, _, port = listen.rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 def _host_name(header: str) -> str:
@@ -74,7 +77,8 @@ class Dashboard:
         self.service = service
         self.host, self.port = split_listen(listen)
         self.reports = shapes.ReportSource(accounting)
-        self.push = Broadcaster(lambda: shapes.status(service))
+        self.budget = ConnectionBudget("dashboard", per_client=PER_CLIENT_CONNECTIONS, total=MAX_CONNECTIONS)
+        self.push = Broadcaster(lambda: shapes.status(service), lambda r: self.budget.client_of(r.transport))
         self._files = {path: (resources.files("brokerd.addons.web").joinpath("static", name).read_bytes(), kind)
                        for path, (name, kind) in _FILES.items()}
         # Served on loopback, only a loopback Host is answered: a web page elsewhere that
@@ -82,7 +86,7 @@ class Dashboard:
         # port: an ssh tunnel from a laptop may arrive under another one.
         self._hosts = LOOPBACK_NAMES if _loopback(self.host) else None
         self._runner: web.AppRunner | None = None
-        self._server: asyncio.base_events.Server | None = None
+        self._server: asyncio.AbstractServer | None = None
 
     # -- the application ---------------------------------------------------------------
 
@@ -119,7 +123,7 @@ class Dashboard:
         hours = _number(request, "hours", 24.0)
         if not 0 < hours <= shapes.MAX_TIMELINE_HOURS:
             raise web.HTTPBadRequest(text=f"hours must be above 0 and at most {shapes.MAX_TIMELINE_HOURS}\n")
-        return web.json_response(shapes.timeline(self.service, hours))
+        return web.json_response(shapes.timeline(self.service, hours, personal=shapes.usage_is_public(self.service)))
 
     async def _report(self, request: web.Request) -> web.Response:
         try:
@@ -131,33 +135,18 @@ class Dashboard:
             raise web.HTTPBadRequest(text=f"by is one of {', '.join(shapes.REPORT_BY)}; since at most 366d\n")
         if not self.reports.available():
             raise web.HTTPNotFound(text="accounting not available: this daemon keeps no usage report\n")
-        return web.json_response(await self.reports.report(since_s, by))
+        try:
+            async with asyncio.timeout(REPORT_WAIT_S):
+                return web.json_response(await self.reports.report(since_s, by))
+        except TimeoutError:
+            raise web.HTTPServiceUnavailable(text="the usage report is busy; try again shortly\n",
+                                             headers={"Retry-After": "10"}) from None
 
     # -- serving -----------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._runner = web.AppRunner(
-            self.app(), access_log=None, handle_signals=False, shutdown_timeout=1.0,
-            keepalive_timeout=IDLE_TIMEOUT_S, max_line_size=MAX_LINE, max_field_size=MAX_LINE,
-            max_headers=MAX_HEADERS, lingering_time=1.0,
-            handler_cancellation=True,  # a page that goes away ends its stream at once, freeing its place
-        )
-        await self._runner.setup()
-        handler = self._runner.server
-        assert handler is not None
-
-        def connection() -> asyncio.BaseProtocol:
-            if len(handler.connections) >= MAX_CONNECTIONS:
-                return _Refused()
-            return handler()
-
-        loop = asyncio.get_running_loop()
-        try:
-            self._server = await loop.create_server(connection, self.host, self.port, reuse_address=True)
-        except BaseException:  # the address is taken, say: nothing half-started stays behind
-            await self._runner.cleanup()
-            self._runner = None
-            raise
+        self._runner, self._server = await serve(self.app(), self.host, self.port, self.budget,
+                                                 request_timeout_s=IDLE_TIMEOUT_S)
         log_event("web", f"dashboard on http://{_url_host(self.host)}:{self.port}/", listen=f"{self.host}:{self.port}")
 
     def changed(self) -> None:
@@ -171,13 +160,6 @@ class Dashboard:
             await self._runner.cleanup()
         if self._server is not None:
             await self._server.wait_closed()
-
-
-class _Refused(asyncio.Protocol):
-    """Over MAX_CONNECTIONS: closed at once, before it costs anything more."""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport.abort()  # type: ignore[attr-defined]
 
 
 def _number(request: web.Request, name: str, default: float) -> float:

@@ -1,7 +1,10 @@
 """What the dashboard serves, as JSON-ready data: the status (exactly `vaccel status --json`),
 a 24 h timeline of who held which device, and the usage report (exactly `vaccel report
 --json`, where the daemon keeps accounting). The page is anonymous: everything here is
-what any local user already sees, asked for as one of them.
+what any local user already sees, asked for as one of them. So other users' history (who
+held a device before now, their lease ids, their usage) is shown only where the lab made
+usage public (`[accounting] per_user_report = "everyone"`); otherwise the timeline's past
+spans say only that the device was in use, as `vaccel status` said to anyone at the time.
 """
 
 from __future__ import annotations
@@ -31,10 +34,17 @@ def status(service: BrokerService) -> dict[str, Any]:
     return status_json(status_reply(service, ANONYMOUS))
 
 
-def timeline(service: BrokerService, hours: float, now: float | None = None) -> dict[str, Any]:
+def usage_is_public(service: BrokerService) -> bool:
+    """Whether the lab shows everyone who used what (docs/accounting.md, "Who sees what")."""
+    return service.config.accounting_per_user_report == "everyone"
+
+
+def timeline(service: BrokerService, hours: float, now: float | None = None, *, personal: bool) -> dict[str, Any]:
     """Who held each present device when, over the last `hours`: the recent ended leases
     the manager keeps (restored from the store at start) plus the active ones, which have
-    no end yet (null)."""
+    no end yet (null). Without `personal`, an ended lease's span names no user and no
+    lease (""): the current holders are what `vaccel status` shows everyone, the past ones
+    are other users' history."""
     now = time.time() if now is None else now
     since = now - hours * 3600
     manager = service.manager
@@ -46,8 +56,10 @@ def timeline(service: BrokerService, hours: float, now: float | None = None) -> 
             continue
         for uuid in lease.devices:
             if uuid in spans:
-                spans[uuid].append({"user": lease.holder.user or str(lease.holder.uid), "lease_id": lease.id,
-                                    "start": max(lease.granted_at, since), "end": end})
+                named = personal or lease.active
+                spans[uuid].append({"user": (lease.holder.user or str(lease.holder.uid)) if named else "",
+                                    "lease_id": lease.id if named else "", "start": max(lease.granted_at, since),
+                                    "end": end})
     return {
         "since": since,
         "until": now,

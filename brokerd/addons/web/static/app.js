@@ -113,13 +113,20 @@ function renderStatus() {
     : el("p", { class: "empty" }, "none"));
 }
 
+function holderText(d) {
+  // As `vaccel status` words it: a Slurm job vaccel did not make names itself ("slurm job 42
+  // (alice)"); a reservation is held by its user, not by a process (pid 0).
+  if ((d.lease_id || "").startsWith("slurm-")) return d.holder.command;
+  const who = el("span", { class: "user" }, d.holder.user || d.holder.uid);
+  return [who, d.holder.pid ? ` (pid ${d.holder.pid})` : " (reserved)"];
+}
+
 function deviceCard(d) {
   const card = el("div", { class: "card", data: { device: `gpu${d.index}`, state: d.state, lease: d.lease_id || "" } },
     el("div", { class: "top" }, el("span", {}, `gpu${d.index}`), el("span", { class: `badge ${d.state}` }, d.state)),
     el("div", { class: "name", title: d.name }, `${d.name} · ${mib(d.memory_mib)}`));
   if (d.holder) {
-    card.append(el("div", { class: "holder" }, el("span", { class: "user" }, d.holder.user || d.holder.uid),
-      ` (pid ${d.holder.pid})`));
+    card.append(el("div", { class: "holder" }, holderText(d)));
     const left = d.time_left_s > 0 ? `${duration(d.time_left_s - (now() - state.statusAt))} left` : "no time limit";
     card.append(el("div", { class: "meta" }, `since ${clock(d.since)} (${duration(now() - d.since)}) · ${left}`));
     card.append(el("div", { class: "meta" }, `lease ${d.lease_id}`));
@@ -170,12 +177,15 @@ function renderTimeline() {
     for (const span of device.spans.filter((s) => s.end === null || s.end > since)) {
       const x0 = x(Math.max(span.start, since)), x1 = x(span.end === null ? until : span.end);
       const w = Math.max(1.5, x1 - x0);
-      users.set(span.user, (users.get(span.user) || 0) + ((span.end === null ? until : span.end) - span.start));
-      const rect = svg("rect", { x: x0, y: y + 3, width: w, height: row - 6, rx: 2, fill: color(span.user) });
-      rect.append(svg("title", {}, `${span.user} · ${span.lease_id} · ${clock(span.start)}–` +
+      // A past holder is named only where the lab shows usage to everyone; otherwise the
+      // span says the device was in use (grey), as `vaccel status` said at the time.
+      if (span.user) users.set(span.user, (users.get(span.user) || 0) + ((span.end === null ? until : span.end) - span.start));
+      const rect = svg("rect", { x: x0, y: y + 3, width: w, height: row - 6, rx: 2,
+        fill: span.user ? color(span.user) : "#9ca3af" });
+      rect.append(svg("title", {}, `${span.user ? `${span.user} · ${span.lease_id}` : "in use"} · ${clock(span.start)}–` +
         (span.end === null ? "now" : clock(span.end))));
       chart.append(rect);
-      if (w > 8 * String(span.user).length + 8) {
+      if (span.user && w > 8 * String(span.user).length + 8) {
         chart.append(svg("text", { x: x0 + 4, y: y + row / 2 + 4, fill: "#fff" }, span.user));
       }
     }
