@@ -77,10 +77,10 @@ class PolicyConfig:
     idle_reclaim_s: float = 0.0  # 0 = off
     idle_warning_s: float = 300.0  # notice given before an idle lease is reclaimed
 
-    def for_user(self, user: str, _process_gid: int | None = None) -> EffectiveLimits:
+    def for_user(self, user: str) -> EffectiveLimits:
         """The limits of the user named `user`: [policy.default] under the first group table,
-        in the file's order, of a group the user belongs to. (`_process_gid` is not used: the
-        process picks it; it stays for callers that still pass it.)"""
+        in the file's order, of a group the user belongs to (never the process's own gid: the
+        process picks that)."""
         base, name, chosen = self.default, "default", ""
         if self.groups:
             mine = BOOK.of(user).names

@@ -138,7 +138,7 @@ class SlurmDelegate(LeaseHook):
         """`_allocate`, within the user's bound: each request is a salloc process the daemon
         starts as root, so one user's flood of requests is refused, as the broker's own
         queue refuses it (limit max_waiting, at most MAX_QUEUED_PER_USER)."""
-        limits = self.service.config.policy.for_user(holder.user, holder.gid)
+        limits = self.service.config.policy.for_user(holder.user)
         cap = min(limits.max_waiting or MAX_QUEUED_PER_USER, MAX_QUEUED_PER_USER)
         asking = self._asking.get(holder.uid, 0)
         if asking >= cap:
