@@ -55,11 +55,14 @@ fi
 
 echo "install.sh: installing into $venv"
 /usr/bin/python3 -m venv --system-site-packages "$venv"
-pip=("$venv/bin/pip" install --quiet --disable-pip-version-check --no-cache-dir)
+# A pip config may name local wheel folders that are absent: pip warns once per package
+# about them (as in scripts/setup.sh). Real errors still show.
+quiet_pip() { "$venv/bin/pip" "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }; }
+pip=(quiet_pip install --quiet --disable-pip-version-check --no-cache-dir)
 if [[ -n $wheels ]]; then
     pip+=(--no-index --find-links "$wheels")
 else
-    "$venv/bin/pip" wheel --quiet --disable-pip-version-check --no-deps --wheel-dir "$work" "$work/src"
+    quiet_pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir "$work" "$work/src"
     wheels=$work
 fi
 wheel=$(compgen -G "$wheels/vaccel-*.whl" | sort -V | tail -n 1 || true)
