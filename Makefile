@@ -6,7 +6,11 @@ SHELL := /bin/bash
 VENV ?= $(if $(filter 0,$(shell id -u)),/opt/vaccel-venv,$(CURDIR)/.venv)
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test lint proto bench
+# The lab's install (not a set-up step): a wheel of this checkout in its own venv, the unit
+# pointing at it, `vaccel` on every user's PATH. Never the development venv above.
+LAB_VENV ?= /opt/vaccel
+
+.PHONY: setup demo test lint proto bench install
 setup:
 	bash scripts/setup.sh $(VENV)
 
@@ -25,3 +29,6 @@ proto:
 
 bench: setup
 	$(PY) -m bench.leases
+
+install:
+	bash scripts/install.sh $(LAB_VENV)

@@ -25,11 +25,12 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from demo_cast import PREFIX, ROOT, Cast
+from demo_cast import ROOT, Cast
 
 INVENTORY = ROOT / "examples" / "lab-server.yaml"
 CONFIG = """
@@ -88,7 +89,11 @@ class Demo:
 
     def say(self, who: str, text: str) -> None:
         with self.lock:
-            print(f"{time.monotonic() - self.t0:6.1f}s  {who:<7} {text}", flush=True)
+            print(f"{time.monotonic() - self.t0:6.1f}s  {who:<10} {text}", flush=True)
+
+    def label(self, name: str) -> str:
+        """A student as the broker names them: the real Unix user (demo-alice) when there is one."""
+        return self.cast.user(name) if self.cast.real_users else name
 
     def vaccel(self, who: str, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "vaccel.cli", *args], capture_output=True, text=True,
@@ -97,8 +102,9 @@ class Demo:
     def run_job(self, job: Job) -> None:
         time.sleep(job.start)
         job.submitted = time.monotonic()
-        shown = " ".join(Path(c).name if "/" in c else c for c in job.command[1:4])
-        self.say(job.name, f"$ vaccel run {' '.join(Path(a).name for a in job.args)} -- {shown} ...")
+        shown = " ".join(Path(c).name if "/" in c else c for c in job.command[:4])
+        who = self.label(job.name)
+        self.say(who, f"$ vaccel run {' '.join(Path(a).name for a in job.args)} -- {shown} ...")
         job.proc = subprocess.Popen([sys.executable, "-m", "vaccel.cli", "run", *job.args, "--", *job.command],
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                     **self.cast.popen_args(job.name, self.socket))  # type: ignore[arg-type]
@@ -109,17 +115,19 @@ class Demo:
             if line.startswith("vaccel: lease") and ": gpu" in line and not job.granted:
                 job.granted = time.monotonic()
                 job.lease_id = line.split()[2].rstrip(":")
-                self.say(job.name, line.removeprefix("vaccel: "))
+                self.say(who, line.removeprefix("vaccel: "))
             elif line.startswith(("vaccel: waiting", "[ERROR]")):
-                self.say(job.name, line.removeprefix("vaccel: "))
+                self.say(who, line.removeprefix("vaccel: "))
             elif line.startswith("vaccel:") and "warning" not in line and "simulated" not in line:
-                self.say(job.name, line.removeprefix("vaccel: "))
+                self.say(who, line.removeprefix("vaccel: "))
             elif "loss" in line and "->" in line:
                 job.result = line.split(";")[-1].strip()
-        job.exit_code = job.proc.wait()
+        returncode = job.proc.wait()
         job.finished = time.monotonic()
-        status = f"killed by {signal.Signals(-job.exit_code).name}" if job.exit_code < 0 else f"exit {job.exit_code}"
-        self.say(job.name, status + (f" ({job.result})" if job.result else ""))
+        # As a shell reports it (and the README): 128+N for a process a signal N killed.
+        job.exit_code = 128 - returncode if returncode < 0 else returncode
+        killed = f" (killed by {signal.Signals(-returncode).name})" if returncode < 0 else ""
+        self.say(who, f"exit {job.exit_code}{killed}" + (f" ({job.result})" if job.result else ""))
 
     def board(self, names: dict[int, str]) -> None:
         r = self.vaccel("alice", "status", "--json")
@@ -129,7 +137,7 @@ class Demo:
 
         def who(holder: dict) -> str:
             if self.cast.real_users:
-                return holder["user"].removeprefix(PREFIX)
+                return str(holder["user"])  # as the queue lines name them: demo-alice
             return names.get(holder["pid"], f"pid {holder['pid']}")  # one user: name holders by job
 
         cells = [f"gpu{d['index']}({d['name'].split()[-1]})={who(d['holder']) if d['holder'] else d['state']}"
@@ -157,15 +165,16 @@ class Demo:
             self.say(thief, "(skipped: releasing another student's lease needs real users; run the demo as root)")
             return
         r = self.vaccel(thief, "release", victim.lease_id)
-        self.say(thief, f"$ vaccel release {victim.lease_id}   ({victim.name}'s lease)")
-        self.say(thief, f"exit {r.returncode}: {r.stderr.strip().removeprefix('vaccel: ')}")
+        self.say(self.label(thief), f"$ vaccel release {victim.lease_id}   ({self.label(victim.name)}'s lease)")
+        self.say(self.label(thief), f"exit {r.returncode}: {r.stderr.strip().removeprefix('vaccel: ')}")
 
     def kill_holder(self, victim: Job, heir: Job) -> float | None:
         """SIGKILL a holder's `vaccel run`; return the ms until the next student's grant."""
+        name, heir_name = self.label(victim.name), self.label(heir.name)
         if victim.proc is None or victim.proc.poll() is not None or heir.granted:
-            self.say("demo", f"(skipped the kill: {victim.name} is not holding while {heir.name} waits)")
+            self.say("demo", f"(skipped the kill: {name} is not holding while {heir_name} waits)")
             return None
-        self.say("demo", f"kill -9 {victim.name}'s vaccel run (pid {victim.proc.pid}), as a crash would")
+        self.say("demo", f"kill -9 {name}'s vaccel run (pid {victim.proc.pid}), as a crash would")
         killed = time.monotonic()
         victim.proc.send_signal(signal.SIGKILL)
         deadline = killed + 30
@@ -174,20 +183,20 @@ class Demo:
         if not heir.granted:
             return None
         handover_ms = (heir.granted - killed) * 1000
-        self.say("demo", f"{victim.name}'s GPU went to {heir.name} {handover_ms:.0f} ms after the kill")
+        self.say("demo", f"{name}'s GPU went to {heir_name} {handover_ms:.0f} ms after the kill")
         return handover_ms
 
 
-def summary(all_jobs: list[Job], log: Path) -> None:
+def summary(all_jobs: list[Job], log: Path, label: Callable[[str], str]) -> None:
     print("\nsummary")
-    print(f"  {'job':<7} {'asked':<36} {'waited':>7} {'ran':>6}  exit  result")
+    print(f"  {'job':<10} {'asked':<36} {'waited':>7} {'ran':>6}  exit  result")
     for j in all_jobs:
         waited = f"{j.granted - j.submitted:.1f}s" if j.granted else "-"
         ran = f"{j.finished - j.granted:.1f}s" if j.granted else "-"
         result = j.result or next((ln.removeprefix("vaccel: ") for ln in j.lines if ln.startswith("vaccel:")
-                                   and "lease" not in ln and "warning" not in ln), "")
+                                   and "lease" not in ln and "warning" not in ln and "files read" not in ln), "")
         asked = " ".join(Path(a).name for a in j.args)
-        print(f"  {j.name:<7} {asked:<36} {waited:>7} {ran:>6}  {j.exit_code!s:>4}  {result}")
+        print(f"  {label(j.name):<10} {asked:<36} {waited:>7} {ran:>6}  {j.exit_code!s:>4}  {result}")
     print("\nbroker log (grants, refusals, ends):")
     for line in log.read_text().splitlines():
         if any(word in line for word in (" grant ", " refuse ", " exit ", " released ")):
@@ -262,7 +271,7 @@ def run(demo: Demo, broker: subprocess.Popen[bytes], log: Path, epochs: int, scr
         time.sleep(1.0 if events else 2.0)
     for t in threads:
         t.join()
-    summary(all_jobs, log)
+    summary(all_jobs, log, demo.label)
     refused = {"frank", "grace"}
     trained = [j.name for j in all_jobs if j.result]
     ok = (set(trained) == set(by_name) - refused - {"bob"}

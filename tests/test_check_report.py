@@ -11,7 +11,7 @@ from brokerd.contract.convert import check_line_to_proto
 from tests.mixed_host import A100, MI250X, MIXED, requirement
 from vaccel_common.v1 import broker_pb2 as pb
 
-EXAMPLE_SPEC = (Path(__file__).resolve().parent.parent / "examples" / "runtime-spec.yaml").read_text()
+EXAMPLE_SPEC = (Path(__file__).resolve().parent / "fixtures" / "pinned-runtime-spec.yaml").read_text()
 
 
 def reply_for(spec: str, devices) -> pb.CheckReply:  # type: ignore[no-untyped-def]

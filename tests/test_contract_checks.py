@@ -10,7 +10,7 @@ from brokerd.contract import ClientFacts, evaluate
 from brokerd.contract.checks import short_name
 from tests.mixed_host import A100, CUDA_FACTS, MAX1550, MI250X, MIXED, T4, gpu, requirement
 
-EXAMPLE_SPEC = (Path(__file__).resolve().parent.parent / "examples" / "runtime-spec.yaml").read_text()
+EXAMPLE_SPEC = (Path(__file__).resolve().parent / "fixtures" / "pinned-runtime-spec.yaml").read_text()
 SM80 = "required_features: [{gpu_compute_capability: sm_80}]"
 ANY = "required_features: []"  # a contract that asks for nothing but makes torch checks bind
 

@@ -33,8 +33,7 @@ def test_example_spec_loads_as_written() -> None:
     assert spec.memory_bandwidth_gbps == 2000
     assert spec.driver_version_min == "535.54.03"
     assert spec.min_memory_mib == 20 * 1024
-    assert [(d.name, str(d.version_range)) for d in spec.dependencies] == [
-        ("pytorch", "2.1.0,2.2.0"), ("torchvision", "0.16.0,0.17.0")]
+    assert [(d.name, str(d.version_range)) for d in spec.dependencies] == [("pytorch", "2.4.0,3.0.0")]
 
 
 def test_example_config_loads_as_written() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -126,3 +127,16 @@ def test_example_config_loads(tmp_path: Path) -> None:
     enabled.write_text((REPO / "examples" / "brokerd.toml").read_text()
                        .replace("# inventory = ", "inventory = "))
     assert load_config(enabled).inventory == Path("/etc/vaccel/inventory.yaml")
+
+
+def test_the_command_refuses_a_unit_for_code_that_runs_from_a_checkout(tmp_path: Path) -> None:
+    # These tests run from the checkout (the development venv's editable install): a service
+    # installed from it would run whatever this clone holds. The lab's install is a wheel in
+    # its own venv (scripts/install.sh, `sudo make install`; the boot test runs it).
+    assert iu.running_checkout() == REPO
+    r = subprocess.run([sys.executable, "-m", "brokerd", "install-units", "--dest", str(tmp_path / "system")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.startswith(f"vaccel-brokerd: this vaccel-brokerd runs from the source checkout {REPO} "), r.stderr
+    assert "`sudo make install`" in r.stderr and "--from-checkout" in r.stderr
+    assert not (tmp_path / "system").exists()

@@ -1,7 +1,8 @@
 """The real boot test: a real systemd as PID 1 of a container runs vaccel-brokerd as a service.
 
 Inside a systemd-nspawn container booted from a debootstrap'd Debian root, the project is
-installed from a wheelhouse built here, `vaccel-brokerd install-units` installs the unit,
+installed as a lab installs it (scripts/install.sh, `sudo make install`: a wheel into /opt/vaccel)
+from a wheelhouse built here, its `vaccel-brokerd install-units` installs the unit,
 `systemctl start` starts the broker on simulated devices, an ordinary user holds a lease
 through `vaccel run`, `systemctl reload` and `systemctl restart` keep it, and after `systemctl stop` the journal
 has the grant and release with their structured fields. tests/boot/inside.sh is the
@@ -107,7 +108,8 @@ def journal_entries(path: Path) -> list[dict[str, object]]:
 
 def report(out: Path, timings: dict[str, float]) -> str:
     lines = [f"{name}: {seconds:.1f}s" for name, seconds in timings.items()]
-    for name in ("boot.txt", "steps.log", "system-state.txt", "props-started.txt",
+    for name in ("boot.txt", "steps.log", "install.txt", "installed-from.txt", "version.txt", "system-state.txt",
+                 "props-started.txt",
                  "props-stopped.txt", "client.out", "client.err", "journal.txt"):
         path = out / name
         if path.exists():

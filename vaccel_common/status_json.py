@@ -21,11 +21,35 @@ def _ints(value: Any) -> Any:
     return value
 
 
+def _in_field_order(msg: Any, data: dict[str, Any]) -> dict[str, Any]:
+    """`data` with its keys in the message's field order, an unset message field as None.
+    MessageToDict puts the fields that are set first and the defaults after (and leaves out
+    an unset message), so two devices' keys came in different orders."""
+    from google.protobuf.message import Message
+
+    ordered: dict[str, Any] = {}
+    for field in msg.DESCRIPTOR.fields:
+        kind = field.message_type
+        if field.name not in data:
+            if kind is not None and isinstance(getattr(msg, field.name), Message):  # singular, not repeated
+                ordered[field.name] = None
+            continue
+        value = data[field.name]
+        if kind is not None and not kind.GetOptions().map_entry:
+            inner = getattr(msg, field.name)
+            value = ([_in_field_order(m, v) for m, v in zip(inner, value, strict=True)]
+                     if isinstance(value, list) else _in_field_order(inner, value))
+        ordered[field.name] = value
+    return ordered
+
+
 def message_dict(msg: Any) -> dict[str, Any]:
-    """A message as JSON-ready data: proto field names, every field present, int64 as numbers."""
+    """A message as JSON-ready data: proto field names, every field present and in the
+    message's field order, int64 as numbers."""
     from google.protobuf.json_format import MessageToDict  # ~20 ms of imports: only when JSON is wanted
 
-    return _ints(MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True))
+    data = MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    return _ints(_in_field_order(msg, data))
 
 
 def status_json(reply: pb.StatusReply) -> dict[str, Any]:
@@ -37,6 +61,7 @@ def status_json(reply: pb.StatusReply) -> dict[str, Any]:
                            "command": d.holder.command} if d.lease_id else None)
         item["lease_id"] = d.lease_id or None
         item["since"] = d.since or None
+        item["utilization"] = d.utilization if d.utilization >= 0 else None  # null: not measured (simulated, CPU)
         devices.append(item)
     return {
         "hostname": reply.hostname,

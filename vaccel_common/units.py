@@ -1,4 +1,5 @@
-"""Parsing of the sizes and durations users type: "20GiB", "512M", "90s", "2h", "1d12h".
+"""Parsing of the sizes and durations users type: "20GiB", "512M", "90s", "2h", "1d12h",
+and a time limit as Slurm writes it ("01:30:00", "1-12:00").
 
 Shared by the CLI, lease() and the daemon's config so one spelling means one thing.
 """
@@ -55,6 +56,34 @@ def parse_duration(value: str | int | float) -> float:
     if seconds < 0:
         raise ValueError(f"duration must not be negative: {value!r}")
     return seconds
+
+
+# Slurm's --time forms (sbatch(1)): MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS. Its bare
+# "MM" is not here: a bare number is seconds to parse_duration and minutes to Slurm, so the
+# CLI refuses it with a hint instead of guessing (vaccel/cli_common.py: time_arg).
+_SLURM_TIME_RE = re.compile(r"^(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(?:(\d+):)?(\d+):(\d+))$")
+
+
+def parse_time_limit(value: str | int | float) -> float:
+    """Seconds of a time limit: what parse_duration takes ("90m", "2h", 3600), or one of
+    Slurm's forms ("30:00", "01:30:00", "1-12", "1-12:30", "1-12:30:00")."""
+    text = value.strip() if isinstance(value, str) else ""
+    match = _SLURM_TIME_RE.match(text)
+    if match is None:
+        try:
+            return parse_duration(value)
+        except ValueError as exc:
+            if not str(exc).startswith("not a duration"):
+                raise
+            raise ValueError(f"not a duration: {value!r} (try 90m, 2h, 1d12h, or as Slurm writes it: "
+                             "01:30:00, 1-12:00:00)") from None
+    days, day_hours, day_minutes, day_seconds, hours, minutes, seconds = match.groups()
+    if days is not None:
+        parts = (int(days), int(day_hours), int(day_minutes or 0), int(day_seconds or 0))
+    else:
+        parts = (0, int(hours or 0), int(minutes), int(seconds))
+    d, h, m, s = parts
+    return float(((d * 24 + h) * 60 + m) * 60 + s)
 
 
 def format_mib(mib: int) -> str:

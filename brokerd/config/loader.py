@@ -5,6 +5,7 @@ keep the old configuration.
 
 from __future__ import annotations
 
+import difflib
 import grp
 import importlib.util
 import os
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from brokerd.config.policy import PolicyConfig, PolicyError, parse_policy
+from brokerd.config.policy import PolicyConfig, PolicyError, line_of, parse_policy
 from vaccel_common.paths import default_socket
 from vaccel_common.units import parse_duration, parse_size_mib
 
@@ -43,6 +44,9 @@ class Config:
     probe_interval_s: float = 10.0
     unleased_processes: str = "report"  # report | signal
     unleased_grace_s: float = 300.0
+    # On a host where no GPU probe finds a device: lease the CPU as one device (one job at a
+    # time on the whole machine: a laptop, a CI runner). Off on a real server by default.
+    offer_cpu: bool = False
     allocator_config: str = "expandable_segments:True"
     memory_cap_mib: int = 0  # per-process cap applied to every lease, 0 = none
     token_ttl_s: float = 600.0
@@ -86,6 +90,12 @@ def _octal_mode(value: object) -> int:
 def _whole_number(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"expected a whole number, got {value!r}")
+    return value
+
+
+def _true_or_false(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {value!r}")
     return value
 
 
@@ -134,6 +144,7 @@ _KEYS: dict[str, tuple[str, Any]] = {
     "probe.refresh_interval": ("probe_interval_s", parse_duration),
     "probe.unleased_processes": ("unleased_processes", str),
     "probe.unleased_grace": ("unleased_grace_s", parse_duration),
+    "probe.offer_cpu": ("offer_cpu", _true_or_false),
     "memory.allocator_config": ("allocator_config", str),
     "memory.memory_cap": ("memory_cap_mib", parse_size_mib),
     "enforce.mode": ("enforce_mode", str),
@@ -232,14 +243,18 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> C
             except PolicyError as exc:
                 raise ConfigError(str(exc)) from exc
         for key, raw in _flatten(doc).items():
+            table, _, leaf = key.rpartition(".")
+            line = line_of(text, table, leaf)
+            where = f"{path}:{line}" if line else str(path)  # the line to fix, as policy and contract errors say
             if key not in _KEYS:
-                known = ", ".join(sorted(_KEYS))
-                raise ConfigError(f"{path}: unknown key {key!r}; known keys: {known}")
+                close = difflib.get_close_matches(key, list(_KEYS), n=1, cutoff=0.6)
+                hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(sorted(_KEYS))}"
+                raise ConfigError(f"{where}: unknown key {key!r}; {hint}")
             name, parse = _KEYS[key]
             try:
                 values[name] = parse(raw)
             except (TypeError, ValueError) as exc:
-                raise ConfigError(f"{path}: {key}: {exc}") from exc
+                raise ConfigError(f"{where}: {key}: {exc}") from exc
         config = replace(config, **values)
     known_fields = {f.name for f in fields(Config)}
     extra = {k: v for k, v in (overrides or {}).items() if v is not None and k in known_fields}

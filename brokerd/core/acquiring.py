@@ -21,7 +21,7 @@ from brokerd.core.ledger import LEFT, Ledger
 from brokerd.core.plugins import Allocator
 from brokerd.core.queueing import DurableQueue, lease_terms
 from brokerd.core.tasks import Tasks
-from brokerd.core.views import find_device
+from brokerd.core.views import find_devices
 from brokerd.core.waiting import QueuedUpdate
 from brokerd.leasing.errors import Busy, LeaseError
 from brokerd.leasing.manager import LeaseManager
@@ -159,7 +159,7 @@ class Acquisition:
         try:
             limits = self.governance.limits_for(holder)
             ask = Ask(self.governance.time_limit(limits, time_limit_s),
-                      tuple(find_device(self.manager, name).uuid for name in devices), reservation)
+                      find_devices(self.manager, devices), reservation)
             if wait:  # (an ask that may not wait never joins the queue: no need to count it)
                 waiting = sum(1 for r in self.manager.queue if r.holder.uid == holder.uid)
                 cap = min(limits.max_waiting or MAX_QUEUED_PER_USER, MAX_QUEUED_PER_USER)

@@ -235,7 +235,10 @@ class BrokerService:
         self.permissions.require(Action.RELEASE, identity, self.manager.active(lease_id))
         if grace_s > 0:
             return await self.governance.end_after_grace(identity, lease_id, printable(reason), grace_s)
-        lease = self.manager.release(lease_id, identity.uid, printable(reason))
+        said = printable(reason)
+        if identity.uid != self.manager.active(lease_id).holder.uid:  # the admin by name, as with a grace
+            said = f"revoked by {self.users.name(identity.uid)}{': ' + said if said else ''}"
+        lease = self.manager.release(lease_id, identity.uid, said)
         try:
             await self.ledger.record_end(lease)
         except Exception as exc:
@@ -246,9 +249,11 @@ class BrokerService:
         """Admins take a device out of the pool (by uuid or index) or put it back."""
         self.permissions.require(Action.DRAIN, identity)
         target = find_device(self.manager, device)
-        self.manager.drain(target.uuid, printable(reason), undo=undo)
-        await self.store.save_drain(target.uuid, self.manager.drained.get(target.uuid, ""), undo)
         user = self.users.name(identity.uid)
+        # Who and when, kept with the reason (and with it across restarts) as Slurm keeps a node's: "fan [root@...]".
+        said = f"{printable(reason) or 'no reason given'} [{user}@{time.strftime('%Y-%m-%dT%H:%M:%S')}]"
+        self.manager.drain(target.uuid, said, undo=undo)
+        await self.store.save_drain(target.uuid, self.manager.drained.get(target.uuid, ""), undo)
         verb = "returned to the pool" if undo else f"drained ({self.manager.drained[target.uuid]})"
         log_event("undrain" if undo else "drain", f"gpu{target.index} {verb} by {user}", user=user,
                   device_uuids=(target.uuid,))

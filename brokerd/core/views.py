@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from brokerd.base.process import Holder
 from brokerd.contract import Evaluation
 from brokerd.devices.model import Device, GpuProcess, ProbeVerdict
-from brokerd.leasing.errors import NotFound
+from brokerd.leasing.errors import NotFound, Unsatisfiable
 from brokerd.leasing.manager import LeaseManager
 from brokerd.leasing.model import Lease, Request
 
@@ -113,11 +113,25 @@ def device_views(manager: LeaseManager) -> tuple[DeviceView, ...]:
 
 
 def find_device(manager: LeaseManager, text: str) -> Device:
-    """The device `text` names: its uuid, its index, or `gpu<index>` as `vaccel status` shows."""
+    """The device `text` names: its uuid, its index, or `gpu<index>` as `vaccel status` shows,
+    in any case (GPU1, a uuid typed in lower case)."""
+    wanted = text.strip().lower()
     for device in manager.devices.values():
-        if text in (device.uuid, str(device.index), f"gpu{device.index}"):
+        if wanted in (device.uuid.lower(), str(device.index), f"gpu{device.index}"):
             return device
     raise NotFound(f"no device {text!r} on this host: give its index (0, gpu0) or uuid (see `vaccel status`)")
+
+
+def find_devices(manager: LeaseManager, names: tuple[str, ...]) -> tuple[str, ...]:
+    """The uuids of the devices `names` name, each once: two names of one device (gpu1 and
+    its uuid) are refused, or the request would ask for more devices than it names."""
+    found: dict[str, str] = {}
+    for name in names:
+        uuid = find_device(manager, name).uuid
+        if uuid in found:
+            raise Unsatisfiable(f"{found[uuid]} and {name} name the same device: name each device once")
+        found[uuid] = name
+    return tuple(found)
 
 
 def leases_of(manager: LeaseManager, uid: int | None, *, include_ended: bool) -> list[Lease]:

@@ -37,7 +37,7 @@ class Mailbox:
     """One waiting client's: read only by that client's acquire stream."""
 
     items: asyncio.Queue[QueuedUpdate | Lease | LeaseError] = field(default_factory=asyncio.Queue)
-    last_seen: tuple[int, int, str] = (0, 0, "")  # place, queue length, reason it waits
+    last_seen: tuple[int, str] = (0, "")  # place, reason it waits: (0, "") before its first line
 
     async def receive(self, timeout: float | None) -> QueuedUpdate | Lease:
         """The next update or the grant; raises the error posted, or TimeoutError."""
@@ -96,8 +96,9 @@ class WaitingRoom:
         return box is not None
 
     def announce(self, manager: LeaseManager) -> None:
-        """Tell each waiter whose place in the queue, or whose reason to wait, changed
-        where it stands, within ANNOUNCE_EVERY_S: changes in that time make one pass.
+        """Tell each waiter whose own place in the queue, or whose reason to wait, changed
+        where it stands, within ANNOUNCE_EVERY_S: changes in that time make one pass. (Not
+        when only the queue's length changed: on a busy server those lines filled job logs.)
         On a large host every grant and every newcomer moves every waiter's line, and
         telling 500 waiters at once delayed the grant itself; a grant, an error and a
         newcomer's first place (`tell`) are never delayed. A long queue is told less often
@@ -124,21 +125,24 @@ class WaitingRoom:
         self._next_pass_at = asyncio.get_running_loop().time() + told * LINE_SPACING_S
 
     def _send(self, manager: LeaseManager, lines: list[tuple[int, Request, Mailbox]]) -> int:
-        """Post a line to each waiter whose place, queue length or reason changed; how many."""
+        """Post a line to each waiter whose place or reason changed; how many. A waiter's
+        first line also says who holds what; later ones only where it stands (a holders
+        line at every move was ~200 characters of what `vaccel status` shows)."""
         total = len(manager.queue)
-        changed = [(place, r, box) for place, r, box in lines if (place, total, r.reason) != box.last_seen]
+        changed = [(place, r, box) for place, r, box in lines if (place, r.reason) != box.last_seen]
         if not changed:
             return 0
         devices = manager.devices
         held = tuple(device_view(manager, devices[uuid]) for uuid in manager.owner if uuid in devices)
-        summary = manager.holders_summary()
+        summary = manager.holders_summary() if any(box.last_seen == (0, "") for _, _, box in changed) else ""
         for place, request, box in changed:
-            box.last_seen = (place, total, request.reason)
+            first = box.last_seen == (0, "")
+            box.last_seen = (place, request.reason)
             n = request.requirement.gpus
             # Say why it waits (the pump left the reason on it): else a student sees
             # "position 1" for ever and does not know a limit or their own lease holds it.
             why = f" ({request.reason})" if request.reason else ""
             message = (f"waiting for {n} GPU{'s' if n > 1 else ''}: position {place} "
-                       f"of {total}{why}; {summary}")
+                       f"of {total}{why}" + (f"; {summary}" if first else ""))
             box.items.put_nowait(QueuedUpdate(place, total, message, held, request.id))
         return len(changed)

@@ -4,7 +4,9 @@ example configuration where systemd and the broker look for them.
 The shipped unit says `ExecStart=/usr/bin/vaccel-brokerd`; pip rarely installs there (a venv,
 /usr/local/bin, ~/.local/bin), so the installed copy names the executable that is really
 there. Files come from the source checkout when running from one, else from the copies
-the wheel installs under `<prefix>/share/vaccel/`.
+the wheel installs under `<prefix>/share/vaccel/`. The command line refuses to install a
+unit for code that runs from a checkout (`running_checkout`) unless told to: the lab's
+install is a wheel in a venv of its own (scripts/install.sh).
 """
 
 from __future__ import annotations
@@ -46,6 +48,21 @@ def _source(kind: str) -> Path:
     looked = ", ".join(str(c) for c in candidates)
     raise InstallError(f"cannot find the packaged {kind} file (looked in {looked}); "
                        "reinstall vaccel or run from a source checkout")
+
+
+def running_checkout() -> Path | None:
+    """The source checkout this code runs from (an editable development install), or None
+    for an installed copy. A service must not run from a checkout: it would run whatever
+    that clone holds at the moment, and stop when the clone goes."""
+    root = Path(__file__).resolve().parents[2]  # brokerd/daemon/ in a checkout
+    return root if (root / "pyproject.toml").is_file() and (root / "client" / "vaccel").is_dir() else None
+
+
+def checkout_refusal(checkout: Path) -> str:
+    return (f"this vaccel-brokerd runs from the source checkout {checkout} (a development install): a service "
+            "installed from it would run whatever that clone holds and stop when it goes. Install the lab's copy "
+            "with `sudo make install` in a checkout (scripts/install.sh: a wheel into /opt/vaccel, which runs "
+            "install-units itself), or pass --from-checkout to install this one anyway")
 
 
 def find_executable() -> str:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from brokerd import __version__
-from brokerd.config.loader import DEFAULT_CONFIG_PATH, ConfigError, load_config
+from brokerd.config.loader import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config
 
 DESCRIPTION = """\
 The vaccel broker: owns this host's GPUs and hands out exclusive, durable leases.
@@ -19,6 +19,7 @@ The vaccel broker: owns this host's GPUs and hands out exclusive, durable leases
   vaccel-brokerd --inventory lab.yaml     serve simulated devices (demos, tests, CI)
   vaccel-brokerd --probe [--json]         show what the device probes find, then exit
   vaccel-brokerd install-units            install the systemd unit and config example
+                                          (for the lab's install: sudo make install)
 
 Users talk to it with `vaccel status`, `vaccel run`, or `with vaccel.lease():`.
 """
@@ -44,18 +45,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="with --probe: machine-readable output")
     parser.add_argument("--dest", type=Path, default=None,
                         help="with install-units: where the unit goes (default /etc/systemd/system)")
+    parser.add_argument("--from-checkout", action="store_true",
+                        help="with install-units: install even though this runs from a source checkout "
+                             "(a development install; the lab's is `sudo make install`)")
     parser.add_argument("--version", action="version", version=f"vaccel-brokerd {__version__}")
     return parser
 
 
-def _probe(config_inventory: Path | None, as_json: bool) -> int:
-    from brokerd.config.loader import Config
+def _probe(config: Config, as_json: bool) -> int:
     from brokerd.daemon.server import inventory_source
     from brokerd.devices.probe_report import probe_report, render_probe_text
     from brokerd.devices.probes.simulated import InventoryError
 
     try:
-        snapshot = inventory_source(Config(inventory=config_inventory))()
+        snapshot = inventory_source(config)()
     except InventoryError as exc:
         print(f"vaccel-brokerd: {exc}", file=sys.stderr)
         return 2
@@ -66,8 +69,12 @@ def _probe(config_inventory: Path | None, as_json: bool) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "install-units":
-        from brokerd.daemon.install_units import install_units
+        from brokerd.daemon.install_units import checkout_refusal, install_units, running_checkout
 
+        checkout = running_checkout()
+        if checkout is not None and not args.from_checkout:
+            print(f"vaccel-brokerd: {checkout_refusal(checkout)}", file=sys.stderr)
+            return 2
         kwargs = {"dest": args.dest} if args.dest else {}
         try:
             install_units(**kwargs)
@@ -89,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.probe:
         try:
-            return _probe(config.inventory, args.json)
+            return _probe(config, args.json)
         except BrokenPipeError:  # `--probe | head`: the reader left, which is fine
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0

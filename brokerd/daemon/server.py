@@ -66,7 +66,7 @@ def inventory_source(config: Config) -> Callable[[], Snapshot]:
         probe = SimulatedProbe(config.inventory)
         return lambda: run_probes([probe], cpu_fallback=False)
     probes = default_probes()
-    return lambda: run_probes(probes)
+    return lambda: run_probes(probes, cpu_fallback=config.offer_cpu)
 
 
 def _lock_state_dir(state_dir: Path) -> int:

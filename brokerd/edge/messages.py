@@ -18,7 +18,7 @@ from brokerd.contract.convert import check_line_to_proto, requirement_from_reque
 from brokerd.core.queueing import Rebuilt
 from brokerd.core.service import BrokerService
 from brokerd.core.views import DeviceView, OutsideStatus
-from brokerd.devices.model import Device
+from brokerd.devices.model import UTILISATION_KEY, Device
 from brokerd.devices.nodes import gate_problem
 from brokerd.leasing.model import Lease, heartbeat_interval
 from brokerd.state.report import Report, ReportRow
@@ -42,6 +42,7 @@ def device_pb(device: Device, state: str = "", lease: Lease | None = None, drain
         memory_used_mib=device.memory_used_mib, interconnect_group=device.interconnect_group,
         runtime_version=device.runtime_version, compute_capability=device.compute_capability,
         visible_id=device.visible, drain_reason=drain_reason, device_nodes=device.device_nodes,
+        utilization=float(device.extra.get(UTILISATION_KEY, -1)),  # -1: the probe does not measure it
     )
     if lease is not None:
         _add_lease(msg, lease)

@@ -82,6 +82,21 @@ class Acquisition:
                 self._call.cancel()
 
     def run(self) -> pb.Lease:
+        try:
+            return self._run()
+        except LeaseError as exc:
+            raise self._naming_the_contract(exc) from None
+
+    def _naming_the_contract(self, exc: LeaseError) -> LeaseError:
+        """A refusal of a request that carried contract files names them (unless it does
+        already): a file found in the working directory may be news to the user."""
+        names = [name for name in (self.wire.runtime_spec_name, self.wire.accelerator_config_name) if name]
+        if not names or exc.code not in ("failed_precondition", "invalid_argument") or any(
+                name in str(exc) for name in names):
+            return exc
+        return LeaseError(f"{exc} (contract: {', '.join(names)})", exc.code)
+
+    def _run(self) -> pb.Lease:
         failing_since: float | None = None
         told = False
         delay = _BACKOFF_S[0]

@@ -10,7 +10,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -21,20 +20,19 @@ from vaccel.cli_common import (
     as_text,
     connection,
     devices_arg,
+    gpus_arg,
     refused,
     rpc,
     shown,
     signal_number,
-    since,
     size_arg,
-    table,
+    time_arg,
     to_dict,
     wait_arg,
 )
 from vaccel.cli_parser import Parser, RawDescriptionHelpFormatter
 from vaccel.lease_types import LeaseError
 from vaccel_common import status_json as status_shape
-from vaccel_common.units import parse_duration
 from vaccel_common.v1 import broker_pb2 as pb
 
 if TYPE_CHECKING:
@@ -52,8 +50,9 @@ Share this host's GPUs without fighting over them: exclusive leases from vaccel-
   vaccel drain gpu2 --reason "fan"    admins: stop granting a device (--undo: back in the pool)
   vaccel check runtime-spec.yaml      can this host and this Python run that contract?
 
-exit status: run exits with the command's status; 1 refused, 2 bad usage or file,
-69 broker unreachable, 75 busy (--no-wait) or waited too long (--wait).
+exit status: run exits with the command's status (124 when the lease's time limit stopped
+it); 1 refused, 2 bad usage or file, 69 broker unreachable, 75 busy (--no-wait) or waited
+too long (--wait), 127 command not found.
 """
 
 
@@ -76,65 +75,6 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- leases / release ------------------------------------------------------------------
-
-
-def lease_json(lease: pb.Lease) -> dict[str, Any]:
-    item = to_dict(lease)
-    item["devices"] = [d.uuid for d in lease.devices]
-    return item
-
-
-def cmd_leases(args: argparse.Namespace) -> int:
-    request = pb.ListLeasesRequest(all=args.all, include_ended=args.ended)
-    reply = rpc(connection(args), "ListLeases", request)
-    if args.json:
-        print(json.dumps({"leases": [lease_json(lease) for lease in reply.leases]}, indent=2))
-        return 0
-    if not reply.leases:
-        print("no leases" + ("" if args.all else " of yours (--all: everyone's, admins only)"))
-        return 0
-    rows = [[lease.id, lease.holder.user, str(lease.holder.pid),
-             ",".join(f"gpu{d.index}" for d in lease.devices), lease.backend, since(lease.granted_at),
-             lease.state + (f" ({lease.end_reason})" if lease.end_reason else ""), lease.holder.command[:40]]
-            for lease in reply.leases]
-    print(shown(table(rows, ["LEASE", "USER", "PID", "DEVICES", "BACKEND", "SINCE", "STATE", "COMMAND"])))
-    return 0
-
-
-def cmd_release(args: argparse.Namespace) -> int:
-    grace = 0.0
-    if args.grace is not None:
-        try:
-            grace = parse_duration(args.grace)
-        except ValueError as exc:
-            raise CliError(f"--grace: {exc}", EXIT_USAGE) from None
-    reply = rpc(connection(args), "Release", pb.ReleaseRequest(lease_id=args.lease_id, reason=args.reason or "",
-                                                                 grace_s=grace))
-    if args.json:
-        print(json.dumps(lease_json(reply), indent=2))
-    elif reply.state == "active":
-        print(f"{reply.id}: ends at {time.strftime('%H:%M:%S', time.localtime(reply.expires_at))}; "
-              f"its holder has been told: {shown(reply.notice)}")
-    else:
-        print(f"{reply.id}: {reply.state} ({reply.end_reason}); "
-              f"{len(reply.devices)} device(s) back in the pool")
-    return 0
-
-
-def cmd_drain(args: argparse.Namespace) -> int:
-    request = pb.DrainRequest(device=args.device, undo=args.undo, reason=args.reason or "")
-    reply = rpc(connection(args), "Drain", request)
-    if args.json:
-        print(json.dumps(to_dict(reply), indent=2))
-    elif args.undo:
-        print(f"gpu{reply.index} ({reply.name}) is back in the pool: {reply.state}")
-    else:
-        running = f"; lease {reply.lease_id} of {reply.holder.user} runs to its end" if reply.lease_id else ""
-        print(f"gpu{reply.index} ({reply.name}) drained: no new leases{running}")
-    return 0
-
-
 # -- check -----------------------------------------------------------------------------
 
 
@@ -143,14 +83,17 @@ def cmd_check(args: argparse.Namespace) -> int:
     from vaccel.contract_files import ContractFileError, load_contract_files
     from vaccel.facts import gather_facts
 
+    gpus = gpus_arg(args.gpus)  # refused as `vaccel run` refuses it
     try:
         files = load_contract_files(args.spec, args.config, os.getcwd())
     except ContractFileError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
+    if not files.empty:
+        print(f"vaccel: {files.said()}", file=sys.stderr)
     request = pb.CheckRequest(
         runtime_spec_yaml=files.spec_text, runtime_spec_name=files.spec_name,
         accelerator_config_yaml=files.config_text, accelerator_config_name=files.config_name,
-        gpus=args.gpus, min_memory_mib=size_arg(args.min_memory),
+        gpus=gpus, min_memory_mib=size_arg(args.min_memory),
     )
     request.client.CopyFrom(gather_facts(files.packages))
     reply = rpc(connection(args), "Check", request)
@@ -169,6 +112,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliError("nothing to run: vaccel run [options] -- COMMAND [ARGS...]", EXIT_USAGE)
     wait = wait_arg(args)
     gpus, devices = devices_arg(args)
+    args.time = time_arg(args.time)  # seconds from here on (vaccel/slurm_submit.py reads it too)
     if args.lease and (devices or args.time or args.gpus is not None):
         raise CliError("--lease runs inside an existing lease: --gpus, --device and --time belong to "
                        "the lease (vaccel reserve), not to the run", EXIT_USAGE)
@@ -180,16 +124,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         submitted = run_from_cli(args, command, gpus, devices, wait)
         if submitted is not None:
             return submitted
+    from vaccel.command_path import CommandNotFound, find_command
     from vaccel.contract_files import ContractFileError
 
     try:
+        find_command(command[0])  # a typo is said now, not after the wait and the grant
         return run_under_lease(
             command, gpus=gpus, min_memory_mib=size_arg(args.min_memory), contract=args.contract,
             config=args.config, wait=wait, socket=args.socket, quiet=args.quiet, time_limit=args.time,
             devices=devices, lease_id=args.lease or "", warn_signal=warn_signal, container=container,
+            count_given=args.gpus is not None or bool(devices),
         )
-    except ValueError as exc:  # a bad --time
-        raise CliError(str(exc), EXIT_USAGE) from None
+    except CommandNotFound as exc:
+        raise CliError(str(exc), exc.exit_code) from None
     except Interrupted as exc:
         raise CliError(str(exc), exc.exit_code) from None
     except ContractFileError as exc:
@@ -225,6 +172,24 @@ def _container_run(command: list[str]) -> ContainerRun | None:
 
 # -- parser ----------------------------------------------------------------------------
 
+RUN_EPILOG = """\
+which devices: of the free ones that meet the request, all of one model when the host has
+enough free (a mix only when it has not), close together (one NVLink group, else one
+NUMA node); a one-device request gets the smallest free device that fits, so big ones
+stay free for the jobs that need them (--device or --min-memory choose otherwise). A
+lease's devices are in index order: the job's device 0 is its lowest-numbered one.
+
+inside a lease (vaccel shell, or a command of vaccel run): vaccel run joins that lease
+instead of asking for more; --gpus N takes its N lowest devices, --device picks them; a
+request for more than the lease holds is refused at once.
+
+exit status: the command's (128+N if signal N killed it); 124 when the lease's time limit
+stopped it; 127 command not found (said before anything is leased); 1 refused, 2 bad
+usage, 69 no broker, 75 busy (--no-wait) or --wait ran out.
+
+example: vaccel run --gpus 2 --min-memory 20GiB -- torchrun --nproc_per_node 2 train.py
+"""
+
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The whole parser, or with `command` one of this module's commands, only that
@@ -236,6 +201,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     common.add_argument("--socket", default=argparse.SUPPRESS, help=socket_help)
     parser = Parser(prog="vaccel", description=DESCRIPTION, formatter_class=RawDescriptionHelpFormatter)
     parser.add_argument("--socket", default=None, help=socket_help)
+    parser.add_argument("--version", action="version", version=_version(), help="the client's version and where it is "
+                        "installed")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     if command in _COMMANDS:
         _COMMANDS[command](sub, common)
@@ -248,6 +215,24 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     cli_extra.register_all(sub, common)
     return parser
+
+
+def _version() -> str:
+    from vaccel import __file__ as package_file
+    from vaccel import __version__
+
+    return f"vaccel {__version__} ({os.path.dirname(package_file)})"
+
+
+def _later(module: str, name: str) -> Callable[[argparse.Namespace], int]:
+    """A command implemented in `module`, imported only when that command runs."""
+    def run(args: argparse.Namespace) -> int:
+        import importlib
+
+        func: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(module), name)
+        return func(args)
+
+    return run
 
 
 def _command_named(argv: list[str]) -> str | None:
@@ -274,17 +259,19 @@ def _add_run(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                        description="Lease devices, run COMMAND with them visible (and only them), release "
                                    "when it ends. Waits in line when all devices are taken. The exit status "
                                    "is COMMAND's; signals are forwarded; if vaccel run dies, COMMAND dies.",
-                       epilog="example: vaccel run --gpus 2 --min-memory 20GiB -- torchrun "
-                              "--nproc_per_node 2 train.py")
+                       epilog=RUN_EPILOG, formatter_class=RawDescriptionHelpFormatter)
     p.add_argument("--gpus", type=int, default=None,
-                   help="how many devices, all at once (default 1, or as many as --device names)")
+                   help="how many devices, all at once (default 1, or as many as --device names; inside a "
+                        "lease: all of it)")
     p.add_argument("--min-memory", metavar="SIZE", help="memory each device must have, with a unit: 20GiB, 512MiB")
     p.add_argument("--time", metavar="DURATION",
-                   help="the lease's time limit, e.g. 2h (default: the broker's policy). A short limit can "
-                        "start sooner: it may use devices kept for a bigger job that starts after it ends")
+                   help="the lease's time limit: 90m, 2h, 1d12h, or as Slurm writes it (01:30:00, 1-12:00:00); a "
+                        "bare number is refused (Slurm reads 90 as minutes). Default: the broker's policy. A short "
+                        "limit can start sooner: it may use devices kept for a bigger job that starts after it ends")
     p.add_argument("--device", action="append", metavar="DEV",
                    help="only this device: gpu1 (as `vaccel status` shows) or its uuid; repeat for more")
-    p.add_argument("--lease", metavar="LEASE_ID", help="run inside your existing lease (vaccel reserve)")
+    p.add_argument("--lease", metavar="LEASE_ID", help="run inside your existing lease (vaccel reserve); inside "
+                                                       "one (vaccel shell) that lease is joined without this")
     p.add_argument("--signal", default="USR1", metavar="SIG",
                    help="sent to COMMAND before its lease ends (time limit, revoke with grace) so it can "
                         "checkpoint; SIGTERM follows at the end, SIGKILL after a grace (default USR1; none)")
@@ -293,7 +280,8 @@ def _add_run(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                    help="accelerator-config.yaml (default: ./accelerator-config.yaml if present)")
     p.add_argument("--wait", metavar="DURATION", help="give up after waiting this long, e.g. 30m, 2h")
     p.add_argument("--no-wait", action="store_true", help="fail at once if the devices are busy")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="on stderr only the grant (no queue lines, no contract files, no release line)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
     p.set_defaults(func=cmd_run)
 
@@ -304,7 +292,7 @@ def _add_leases(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("--all", action="store_true", help="every user's leases (admins)")
     p.add_argument("--ended", action="store_true", help="include recently ended leases")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=cmd_leases)
+    p.set_defaults(func=_later("vaccel.cli_leases", "cmd_leases"))
 
 
 def _add_release(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -316,7 +304,7 @@ def _add_release(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
                    help="tell the holder now and end the lease after this long (e.g. 10m), so the job "
                         "can checkpoint")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=cmd_release)
+    p.set_defaults(func=_later("vaccel.cli_leases", "cmd_release"))
 
 
 def _add_drain(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -327,7 +315,7 @@ def _add_drain(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
     p.add_argument("--undo", action="store_true", help="put the device back into the pool")
     p.add_argument("--reason", help="shown in `vaccel status`")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=cmd_drain)
+    p.set_defaults(func=_later("vaccel.cli_leases", "cmd_drain"))
 
 
 def _add_check(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -380,7 +368,12 @@ def _exit_now(code: int) -> None:
 
 def _main(argv: list[str] | None) -> int:
     words = sys.argv[1:] if argv is None else argv
-    args = as_text(build_parser(_command_named(words)).parse_args(words))
+    parser = build_parser(_command_named(words))
+    args, extra = parser.parse_known_args(words)
+    if extra:  # said by the command's own parser, which knows the option meant
+        command_parser = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        command_parser.choices[args.command].unrecognized(extra)
+    args = as_text(args)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

@@ -64,6 +64,9 @@ def period(args: argparse.Namespace, now: float) -> tuple[float, float]:
             raise CliError(f"--since: {exc}", EXIT_USAGE) from None
         if span <= 0:
             raise CliError("--since: the period must be longer than 0", EXIT_USAGE)
+        if span >= now:
+            raise CliError(f"--since {args.since.strip()}: that reaches back before 1970; records are kept for "
+                           "[accounting] keep (400d unless the broker's config says otherwise)", EXIT_USAGE)
         return now - span, now
     since = _date(args.start, "--from", end=False) if args.start is not None else 0.0
     until = _date(args.end, "--to", end=True) if args.end is not None else 0.0

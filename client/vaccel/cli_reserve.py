@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import sys
 import time
 from typing import Any
 
@@ -26,7 +27,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--gpus", type=int, default=None,
                    help="how many devices (default 1, or as many as --device names)")
     p.add_argument("--time", metavar="DURATION",
-                   help="how long to keep them, e.g. 4h (default and ceiling: the broker's policy)")
+                   help="how long to keep them: 4h, 90m, or as Slurm writes it (04:00:00, 1-00:00); a bare "
+                        "number is refused (default and ceiling: the broker's policy)")
     p.add_argument("--device", action="append", metavar="DEV",
                    help="only this device: gpu1 or its uuid; repeat for more")
     p.add_argument("--min-memory", metavar="SIZE", help="memory each device must have: 20GiB, 512MiB")
@@ -51,7 +53,7 @@ def reservation_json(held: Any) -> dict[str, Any]:
 
 
 def cmd_reserve(args: argparse.Namespace) -> int:
-    from vaccel.cli_common import EXIT_USAGE, CliError, devices_arg, refused, size_arg, wait_arg
+    from vaccel.cli_common import EXIT_USAGE, CliError, devices_arg, refused, size_arg, time_arg, wait_arg
     from vaccel.contract_files import ContractFileError
     from vaccel.lease_types import LeaseError
     from vaccel.runner import queue_printer
@@ -62,11 +64,12 @@ def cmd_reserve(args: argparse.Namespace) -> int:
     wait = wait_arg(args)
     try:
         request = LeaseRequest(gpus=gpus, min_memory_mib=size_arg(args.min_memory), wait=wait,
-                               contract=args.contract, command="vaccel reserve", time=args.time,
+                               contract=args.contract, command="vaccel reserve", time=time_arg(args.time),
                                devices=devices, reservation=True)
     except ValueError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
-    with LeaseSession(args.socket, on_queue=queue_printer(quiet=False)) as session:
+    with LeaseSession(args.socket, on_queue=queue_printer(quiet=False),
+                      on_contract=lambda line: print(f"vaccel: {line}", file=sys.stderr)) as session:
         try:
             held = session.acquire(request)
         except KeyboardInterrupt:

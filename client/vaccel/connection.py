@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import sys
 import threading
 import time
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from vaccel.grpc_lazy import grpc, side_call_error
 from vaccel_common.auth import TOKEN_METADATA_KEY
-from vaccel_common.paths import client_socket, identity_socket
+from vaccel_common.paths import SYSTEM_SOCKET, client_socket, identity_socket
 from vaccel_common.side_call import (
     MAX_HEADER_BYTES,
     MAX_REQUEST_BYTES,
@@ -57,11 +58,32 @@ class BrokerUnavailable(ConnectionError):
         self.transient = transient
 
 
-def _unreachable(path: str, why: str) -> BrokerUnavailable:
-    return BrokerUnavailable(
-        f"cannot reach the vaccel broker at {path}: {why}. Is vaccel-brokerd running? "
-        "(systemctl status vaccel-brokerd; or set VACCEL_SOCKET to your broker's socket)"
-    )
+_IS_IT_RUNNING = ("Is vaccel-brokerd running? (systemctl status vaccel-brokerd; or set VACCEL_SOCKET to your "
+                  "broker's socket)")
+_WRONG_PATH = "Set VACCEL_SOCKET (or --socket) to the broker's socket, or unset it for the standard places"
+
+
+def _unreachable(path: str, why: str, hint: str = _IS_IT_RUNNING) -> BrokerUnavailable:
+    return BrokerUnavailable(f"cannot reach the vaccel broker at {path}: {why}. {hint}")
+
+
+def _nothing_there(path: str, by_rule: bool) -> BrokerUnavailable:
+    """No identity socket beside `path`: say what is there instead, and, when the path came
+    from the standard places, that the system's broker was looked for too."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        mode = None
+    if mode is not None and not stat.S_ISSOCK(mode):
+        kind = "a folder" if stat.S_ISDIR(mode) else "a file"
+        return _unreachable(path, f"that is {kind}, not a broker's socket", _WRONG_PATH)
+    if mode is not None:
+        return _unreachable(path, f"a socket is there, but not a vaccel broker's (no {identity_socket(path)} "
+                                  "beside it)", _WRONG_PATH)
+    if by_rule and path != SYSTEM_SOCKET:
+        return BrokerUnavailable(f"cannot reach the vaccel broker: no socket at {SYSTEM_SOCKET} (the system's "
+                                 f"broker) nor at {path} (a broker of your own). {_IS_IT_RUNNING}")
+    return _unreachable(path, "no broker socket there")
 
 
 def _check_fallback_folder(path: str) -> None:
@@ -87,6 +109,7 @@ class BrokerConnection:
 
     def __init__(self, socket_path: str | os.PathLike[str] | None = None, *, side_calls: bool | None = None) -> None:
         self.path = client_socket(socket_path)
+        self.by_rule = not (socket_path or os.environ.get("VACCEL_SOCKET"))  # from the standard places
         self.side_calls = side_calls
         self._lock = threading.Lock()
         self._pid = -1
@@ -108,9 +131,12 @@ class BrokerConnection:
         except OSError as exc:
             sock.close()
             if isinstance(exc, FileNotFoundError):
-                raise _unreachable(self.path, "no broker socket there") from None
+                raise _nothing_there(self.path, self.by_rule) from None
             if isinstance(exc, PermissionError):
                 raise _unreachable(self.path, "permission denied on the socket") from None
+            if isinstance(exc, ConnectionRefusedError):
+                raise _unreachable(self.path, "nobody listens there (a socket left by a broker that "
+                                              "stopped)") from None
             raise _unreachable(self.path, exc.strerror or str(exc)) from None
         return sock
 

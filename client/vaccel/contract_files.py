@@ -7,6 +7,8 @@ Rules, in order:
 - with no explicit contract, the config's `runtime_contract:` is resolved relative to
   the config file; failing that, runtime-spec.yaml in `cwd` is used when present.
 A named file that cannot be read is an error; an absent default file is simply absent.
+A file found by these rules is used without being named on the command line, so the
+client says which it read (`ContractFiles.said`) and names them in a refusal.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import NamedTuple
 
 DEFAULT_SPEC = "runtime-spec.yaml"
 DEFAULT_CONFIG = "accelerator-config.yaml"
+# How a file was found, as `said` puts it.
+NAMED, IN_CWD, FROM_CONFIG = "as named", "found in the working directory", "the config's runtime_contract"
 
 # Paths here are strings, cleaned as pathlib would show them: `vaccel run` looks for these
 # files on every start, and importing pathlib would cost it ~9 ms.
@@ -32,10 +36,18 @@ class ContractFiles(NamedTuple):
     config_name: str = ""
     packages: tuple[str, ...] = ()  # dependency names the spec lists
     config_path: str | None = None  # absolute; the accelerator reads its amp_config
+    spec_found: str = ""  # how each was found: NAMED, IN_CWD or FROM_CONFIG
+    config_found: str = ""
 
     @property
     def empty(self) -> bool:
         return not (self.spec_text or self.config_text)
+
+    def said(self) -> str:
+        """One line naming the files read and how each was found; "" when none was."""
+        read = [f"{name} ({found})" for name, found in ((self.spec_name, self.spec_found),
+                                                       (self.config_name, self.config_found)) if name]
+        return f"contract files read: {', '.join(read)}" if read else ""
 
 
 def load_contract_files(
@@ -48,8 +60,12 @@ def load_contract_files(
     config_text = _read(config_path, "accelerator config") if config_path else ""
     if contract:
         spec_path: str | None = _explicit(contract, cwd, "runtime contract")
+        spec_found = NAMED
     else:
-        spec_path = _from_config(config_text, config_path) or _default(_join(cwd, DEFAULT_SPEC))
+        spec_path = _from_config(config_text, config_path)
+        spec_found = FROM_CONFIG
+        if spec_path is None:
+            spec_path, spec_found = _default(_join(cwd, DEFAULT_SPEC)), IN_CWD
     spec_text = _read(spec_path, "runtime contract") if spec_path else ""
     return ContractFiles(
         spec_text=spec_text,
@@ -58,6 +74,8 @@ def load_contract_files(
         config_name=_shown(config_path, cwd),
         packages=dependency_names(spec_text),
         config_path=os.path.realpath(config_path) if config_path else None,
+        spec_found=spec_found if spec_path else "",
+        config_found=(NAMED if config else IN_CWD) if config_path else "",
     )
 
 

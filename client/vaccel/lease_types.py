@@ -28,6 +28,17 @@ class LeaseLost(RuntimeError):
     """The lease ended while the process was still using it; stop using its devices."""
 
 
+def ended_reason(lease_id: str, details: str) -> str:
+    """The broker's word that a lease is over, said once: "lease l-1 has ended: revoked
+    (revoked by root: maintenance)" becomes "revoked by root: maintenance" (the caller names
+    the lease; the reason says the state); anything else is kept as it is."""
+    if not details.startswith(f"lease {lease_id} has ended: "):
+        return details
+    text = details.removeprefix(f"lease {lease_id} has ended: ")
+    state, _, reason = text.partition(" (")  # "time_limit (reached its time limit of 2h)"
+    return reason[:-1] if state.replace("_", "").isalpha() and reason.endswith(")") else text
+
+
 class DeviceInfo(NamedTuple):
     """One leased device as the broker described it at the grant."""
 

@@ -155,7 +155,9 @@ class lease:
             self._lease = parent[1].forked_view()
             return self._lease
         self._owner_thread = threading.get_ident()
-        session = LeaseSession(self.socket, on_queue=self.on_queue, on_lost=self._lost, on_ending=self.on_ending)
+        # The contract files read are said where the queue is (on stderr, unless on_queue=None silences both).
+        session = LeaseSession(self.socket, on_queue=self.on_queue, on_lost=self._lost, on_ending=self.on_ending,
+                               on_contract=_print_queue if self.on_queue is not None else None)
         try:
             held = session.join(inherited, self.request.gpus) if inherited else session.acquire(self.request)
         except BaseException:

@@ -16,7 +16,11 @@
   the command that handle the warning signal (SIGUSR1 unless --signal says otherwise) get
   it, so they can checkpoint; at the end itself SIGTERM, then SIGKILL after the grace.
 - `--lease ID` runs the command inside an existing lease of the caller (a reservation):
-  it joins it instead of asking for devices, and leaves it held afterwards.
+  it joins it instead of asking for devices, and leaves it held afterwards. So does a
+  `vaccel run` started inside a lease (VACCEL_LEASE_ID: `vaccel shell`) that asks for no
+  more than the lease holds; one asking for more is refused at once (vaccel/inside_lease.py).
+- When the lease's time limit stops the command, the exit status is 124 (timeout(1)'s), so
+  a script can tell it from the command's own failure, as Slurm's TIMEOUT state does.
 
 The main thread never polls. It sleeps in `sigwaitinfo` on the signals it handles, all
 blocked in every thread, and whatever it must react to arrives as one of them: a signal
@@ -42,8 +46,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from vaccel import process_tree
+from vaccel.cli_common import EXIT_TIME_LIMIT
+from vaccel.inside_lease import part_asked
 from vaccel.lease_types import Lease, LeaseEnding
-from vaccel.session import LeaseRequest, LeaseSession
+from vaccel.session import LeaseRequest, LeaseSession, time_limit_s
 from vaccel_common.backends import DEVICE_ENV_VARS
 from vaccel_common.text import argv_text
 
@@ -141,11 +147,14 @@ def run_under_lease(
     lease_id: str = "",
     warn_signal: int | None = signal.SIGUSR1,
     container: ContainerRun | None = None,
+    count_given: bool = True,
 ) -> int:
-    """Lease (or join `lease_id`), run `command` on the lease, release; return the
-    command's exit status. Raises LeaseError, ContractFileError, Interrupted (a signal
-    while queued), or ContainerRefused. `container`: the command read as a container
-    engine's run (vaccel/containers.py), to which the lease is applied."""
+    """Lease (or join `lease_id`, or the lease this process runs inside), run `command` on
+    the lease, release; return the command's exit status. Raises LeaseError,
+    ContractFileError, Interrupted (a signal while queued), or ContainerRefused.
+    `container`: the command read as a container engine's run (vaccel/containers.py), to
+    which the lease is applied. `count_given`: --gpus or --device said how many devices
+    (else, inside a lease, the command gets all of it)."""
     # Block the signals we handle before any thread exists (gRPC starts some), so every
     # thread inherits the mask and only this thread's sigwaitinfo ever takes them.
     signal.pthread_sigmask(signal.SIG_BLOCK, _WAITED)
@@ -161,18 +170,23 @@ def run_under_lease(
 
                 raise ContainerRefused(f"{container.engine} run inside a Slurm job: the job's GPUs are not given "
                                        "to containers by vaccel; run the engine without vaccel run")
-            _announce(quiet, job, " (Slurm job)")
+            _announce(False, job, " (Slurm job)")
             return _supervise(command, slurm_job.NoSession(), job, child_env(job, None), wake)  # type: ignore[arg-type]
         request = LeaseRequest(gpus=gpus, min_memory_mib=min_memory_mib, wait=wait, contract=contract, config=config,
                                command=" ".join(map(argv_text, command)), time=time_limit, devices=devices)
+        inside = "" if lease_id else os.environ.get("VACCEL_LEASE_ID", "")
         ending = _Ending(wake, warn_signal)
-        with LeaseSession(socket, on_queue=queue_printer(quiet), on_lost=wake,
-                          say=lambda m: _say(False, m), on_ending=ending) as session:
+        with LeaseSession(socket, on_queue=queue_printer(quiet), on_lost=wake, say=lambda m: _say(False, m),
+                          on_ending=ending, on_contract=lambda line: _say(quiet, line)) as session:
             if lease_id:
-                lease_obj = session.join(lease_id, gpus=1)
+                lease_obj = session.join(lease_id, source="--lease")
+            elif inside:
+                lease_obj = session.join(inside, part=lambda held: part_asked(
+                    held, gpus=gpus, whole=not count_given, devices=devices, min_memory_mib=min_memory_mib,
+                    time_limit_s=time_limit_s(time_limit)))
             else:
                 lease_obj = _acquire_interruptibly(session, request, wake)
-            _announce(quiet, lease_obj)
+            _announce(False, lease_obj, " (joined: this runs inside it)" if lease_obj.joined else "")
             try:
                 if container is not None:
                     return _supervise_container(container, session, lease_obj, socket, wake, ending)
@@ -290,6 +304,7 @@ def _supervise(command: list[str], session: LeaseSession, lease_obj: Lease, env:
         return 127 if isinstance(exc, FileNotFoundError) else 126
     session.start_heartbeat()
     stopped_at = 0.0
+    out_of_time = False  # the command was stopped because the lease's time was up
     grace: threading.Timer | None = None
     try:
         while child.poll() is None:
@@ -307,7 +322,9 @@ def _supervise(command: list[str], session: LeaseSession, lease_obj: Lease, env:
                 # Its end is the broker's to record (time_limit, revoked): no release.
                 lease_obj.mark_lost(lease_obj.notice or heard.reason)
             if lease_obj.lost_reason and not stopped_at:
-                _say(False, f"lease {lease_obj.id} ended: {lease_obj.lost_reason}; stopping the command")
+                out_of_time = _out_of_time(lease_obj)
+                _say(False, f"lease {lease_obj.id} ended: {lease_obj.lost_reason}; stopping the command"
+                            + (f" (exit status {EXIT_TIME_LIMIT}: time limit)" if out_of_time else ""))
                 process_tree.signal_tree(child.pid, signal.SIGTERM)
                 stopped_at = time.monotonic()
                 grace = threading.Timer(LOST_GRACE_S, wake)
@@ -335,4 +352,12 @@ def _supervise(command: list[str], session: LeaseSession, lease_obj: Lease, env:
         if ending is not None:
             ending.close()
     code = child.returncode
+    if out_of_time:
+        return EXIT_TIME_LIMIT
     return 128 - code if code < 0 else code
+
+
+def _out_of_time(lease_obj: Lease) -> bool:
+    """Whether a lease that ended behind our back reached its end (its time limit, or the
+    broker's maximum duration) rather than being revoked (a notice says so) or lost."""
+    return bool(lease_obj.expires_at) and not lease_obj.notice and time.time() >= lease_obj.expires_at - 1.0

@@ -32,8 +32,8 @@ from vaccel.acquisition import Acquisition
 from vaccel.connection import BrokerConnection, BrokerUnavailable
 from vaccel.contract_files import ContractFiles, load_contract_files
 from vaccel.grpc_lazy import grpc
-from vaccel.lease_types import Lease, LeaseEnding, LeaseError
-from vaccel_common.units import format_duration, parse_duration
+from vaccel.lease_types import Lease, LeaseEnding, LeaseError, ended_reason
+from vaccel_common.units import format_duration, parse_duration, parse_time_limit
 from vaccel_common.v1 import broker_pb2 as pb
 
 # Heartbeat replies meaning the lease is over for good (ended, someone else's, forgotten):
@@ -58,11 +58,11 @@ _LONGEST_S = 366 * 86400.0
 
 
 def time_limit_s(value: float | str | None) -> float:
-    """Seconds of a time limit ("2h", "90m", 3600); None = 0, the broker's default."""
+    """Seconds of a time limit ("2h", "90m", 3600, Slurm's "01:30:00"); None = 0, the broker's default."""
     if value is None:
         return 0.0
     try:
-        seconds = parse_duration(value)
+        seconds = parse_time_limit(value)
     except ValueError as exc:
         raise ValueError(f"time limit: {exc}") from None
     if not seconds > 0:
@@ -196,6 +196,7 @@ class LeaseSession:
             end soon (its time limit is near, or an admin revoked it with a grace), once for
             each new end.
         say: where problems the caller cannot act on are reported (a release that failed).
+        on_contract: called with one line naming the contract files a request read, if any.
     """
 
     def __init__(
@@ -206,11 +207,13 @@ class LeaseSession:
         on_lost: Callable[[Lease, str], None] | None = None,
         say: Callable[[str], None] | None = None,
         on_ending: Callable[[LeaseEnding], None] | None = None,
+        on_contract: Callable[[str], None] | None = None,
     ) -> None:
         self.connection = BrokerConnection(socket)
         self.on_queue = on_queue
         self.on_lost = on_lost
         self.on_ending = on_ending
+        self.on_contract = on_contract
         self._say = say or _stderr
         self.lease: Lease | None = None
         self.files = ContractFiles()
@@ -233,16 +236,23 @@ class LeaseSession:
         """Start waiting for the grant on a worker thread; see PendingGrant."""
         return PendingGrant(self, self._acquisition(request), on_done)
 
-    def join(self, lease_id: str, gpus: int = 1) -> Lease:
-        """Join a lease this process runs inside (VACCEL_LEASE_ID) instead of queueing."""
+    def join(self, lease_id: str, gpus: int = 1, *, source: str = "VACCEL_LEASE_ID",
+             part: Callable[[pb.Lease], pb.Lease] | None = None) -> Lease:
+        """Join a lease this process runs inside instead of queueing. `source` says where its
+        id came from (VACCEL_LEASE_ID, --lease); `part` picks what of it is asked for
+        (vaccel/inside_lease.py), else it must hold at least `gpus` devices."""
+        from vaccel.inside_lease import join_refusal
+
         try:
             msg = self.connection.call("Join", pb.LeaseRef(lease_id=lease_id), retry_unavailable_s=5)
         except BrokerUnavailable as exc:
             raise LeaseError(str(exc), "unavailable") from None
         except grpc.RpcError as exc:
-            raise LeaseError(f"cannot join lease {lease_id} from VACCEL_LEASE_ID: {exc.details()}",
+            raise LeaseError(join_refusal(lease_id, exc.details() or exc.code().name, source),
                              exc.code().name.lower()) from None
-        if len(msg.devices) < gpus:
+        if part is not None:
+            msg = part(msg)
+        elif len(msg.devices) < gpus:
             raise LeaseError(
                 f"this process runs inside lease {lease_id} with {len(msg.devices)} device(s) but asks "
                 f"for {gpus}; ask for at most {len(msg.devices)} or start it outside that lease")
@@ -255,6 +265,8 @@ class LeaseSession:
 
     def _acquisition(self, request: LeaseRequest) -> Acquisition:
         wire, self.files = request.build(os.getcwd())
+        if self.on_contract is not None and not self.files.empty:
+            self.on_contract(self.files.said())
         return Acquisition(self.connection, wire, self.on_queue, self._say)
 
     # -- holding it ---------------------------------------------------------------------
@@ -266,6 +278,7 @@ class LeaseSession:
         self._heartbeat.start()
 
     def _lost(self, lost: Lease, reason: str) -> None:
+        reason = ended_reason(lost.id, reason)
         lost.mark_lost(reason)
         if self.on_lost is not None:
             self.on_lost(lost, reason)

@@ -61,6 +61,7 @@ status=0
             --private-network --register=no --keep-unit --console=read-only \
             --bind-ro="$wheels:/mnt/wheels" \
             --bind-ro="$here:/mnt/boot" \
+            --bind-ro="$here/../../scripts/install.sh:/mnt/install.sh" \
             --bind="$out:/mnt/out" \
             --bind-ro="$here/vaccel-boot-test.service:/etc/systemd/system/vaccel-boot-test.service" \
             systemd.wants=vaccel-boot-test.service

@@ -59,17 +59,21 @@ system_up() {
 }
 
 install_project() {
-    # --system-site-packages: the distribution's python3-systemd gives the broker its
-    # native journal fields, as a packaged install would.
-    python3 -m venv --system-site-packages "$venv" &&
-        "$venv/bin/pip" install --no-index --find-links /mnt/wheels --no-cache-dir --no-compile \
-            vaccel
+    # The lab's install, as README says (sudo make install = scripts/install.sh), from the
+    # wheelhouse: the container has no network. It runs install-units itself.
+    bash /mnt/install.sh --wheels /mnt/wheels "$venv" | tee "$out/install.txt"
 }
 
 install_units() {
-    "$venv/bin/vaccel-brokerd" install-units | tee "$out/install-units.txt" &&
-        grep -qx "ExecStart=$venv/bin/vaccel-brokerd" /etc/systemd/system/vaccel-brokerd.service &&
-        getent group vaccel-admin
+    # The unit runs the installed copy: a wheel in the venv, no checkout anywhere in the
+    # container, and `vaccel` on every user's PATH.
+    grep -qx "ExecStart=$venv/bin/vaccel-brokerd" /etc/systemd/system/vaccel-brokerd.service &&
+        getent group vaccel-admin &&
+        "$venv/bin/python" -c 'import brokerd, vaccel; print(brokerd.__file__, vaccel.__file__)' |
+            tee "$out/installed-from.txt" &&
+        grep -q "^$venv/lib/python3[.0-9]*/site-packages/brokerd/__init__.py $venv/lib/" "$out/installed-from.txt" &&
+        test "$(readlink /usr/local/bin/vaccel)" = "$venv/bin/vaccel" &&
+        runuser -u nobody -- vaccel --version | tee "$out/version.txt" | grep -q "$venv/lib"
 }
 
 configure() {

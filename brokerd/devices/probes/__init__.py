@@ -17,9 +17,13 @@ from brokerd.devices.probes.cpu import CpuProbe
 GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/kfd")
 
 
+CPU_NOT_OFFERED = ("no GPU found, and the CPU is not offered as a device ([probe] offer_cpu = true leases the "
+                   "whole CPU to one job at a time: for a laptop or a CI runner, not a shared server)")
+
+
 def default_probes() -> list[Probe]:
     """The real probes, GPUs first. The CPU pseudo-device is added by `run_probes` only
-    when no GPU probe found a device."""
+    when no GPU probe found a device and the configuration asks for it."""
     from brokerd.devices.probes.amd import AmdSmiProbe
     from brokerd.devices.probes.intel import IntelSysfsProbe
     from brokerd.devices.probes.nvidia import NvmlProbe
@@ -38,6 +42,8 @@ def run_probes(probes: list[Probe], *, cpu_fallback: bool = True) -> Snapshot:
         verdicts.append(result.verdict)
         devices.extend(result.devices)
         processes.extend(result.processes)
+    if not cpu_fallback and not devices:
+        verdicts.append(ProbeVerdict("cpu", False, CPU_NOT_OFFERED))
     if cpu_fallback and not devices:
         nodes = [path for path in GPU_DEVICE_NODES if os.path.exists(path)]
         if nodes:

@@ -46,8 +46,7 @@ def cmd_kernel_install(args: argparse.Namespace) -> int:
     from vaccel.kernel import install
     from vaccel_common.units import parse_duration
 
-    if args.gpus < 1:
-        raise cli.CliError(f"--gpus must be at least 1, got {args.gpus}", cli.EXIT_USAGE)
+    cli.gpus_arg(args.gpus)
     if args.max_wait is not None:
         try:
             parse_duration(args.max_wait)
@@ -58,6 +57,10 @@ def cmd_kernel_install(args: argparse.Namespace) -> int:
         raise cli.CliError(f"the vaccel kernel needs {' and '.join(missing)} in this Python ({sys.executable}): "
                            "pip install 'vaccel[jupyter]'", cli.EXIT_USAGE)
     name = args.name or install.default_name(args.gpus)
+    problem = install.name_problem(name)
+    if problem:
+        raise cli.CliError(f"--name {name!r}: {problem}", cli.EXIT_USAGE)
+    _check_host_has(args)
     display = args.display_name or install.display_name(args.gpus)
     spec = install.kernel_spec(gpus=args.gpus, on_busy=args.on_busy, max_wait=args.max_wait,
                                socket=getattr(args, "socket", None), display=display,
@@ -71,3 +74,20 @@ def cmd_kernel_install(args: argparse.Namespace) -> int:
         raise cli.CliError(f"--name {name!r}: {exc}", cli.EXIT_USAGE) from None
     print(f'installed "{display}" as {name} in {folder}')
     return 0
+
+
+def _check_host_has(args: argparse.Namespace) -> None:
+    """A kernel asking for more devices than this host has would never start: refuse it now.
+    Without a broker to ask (installing before it runs), say so and go on."""
+    from vaccel import cli_common as cli
+    from vaccel_common.v1 import broker_pb2 as pb
+
+    try:
+        devices = len(cli.rpc(cli.connection(args), "Status", pb.StatusRequest()).devices)
+    except cli.CliError as exc:
+        print(f"vaccel: could not ask the broker how many devices this host has ({exc}); installing anyway",
+              file=sys.stderr)
+        return
+    if args.gpus > devices:
+        raise cli.CliError(f"--gpus {args.gpus}: this host has {devices} device{'s' if devices != 1 else ''} "
+                           "(`vaccel status`); a kernel asking for more would never start", cli.EXIT_USAGE)

@@ -49,6 +49,17 @@ def kernel_spec(*, gpus: int, on_busy: str, max_wait: str | None, socket: str | 
     return spec
 
 
+def name_problem(name: str) -> str:
+    """Why `name` cannot be a kernel name ("" when it can): it names a folder, so Jupyter
+    allows ASCII letters, digits, '-', '.' and '_' only, and "." or ".." would be no folder."""
+    bad = sorted({c for c in name if not (c.isascii() and (c.isalnum() or c in "-._"))})
+    if bad:
+        return f"{' '.join(repr(c) for c in bad)} cannot be in a kernel name (ASCII letters, digits, '-', '.', '_')"
+    if name in ("", ".", ".."):
+        return "a kernel name names a folder: give letters or digits"
+    return ""
+
+
 def missing_packages() -> list[str]:
     return [name for name in ("ipykernel", "jupyter_client") if importlib.util.find_spec(name) is None]
 
@@ -59,7 +70,7 @@ def install(name: str, spec: dict[str, Any], *, user: bool, sys_prefix: bool) ->
     from jupyter_client.kernelspec import KernelSpecManager
 
     with tempfile.TemporaryDirectory(prefix="vaccel-kernelspec-") as tmp:
-        folder = Path(tmp) / name
+        folder = Path(tmp) / "kernelspec"  # not `name`: a name like ../x must not place it outside tmp
         folder.mkdir()
         (folder / "kernel.json").write_text(json.dumps(spec, indent=1) + "\n")
         _copy_logos(folder)

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Install vaccel for a lab: a wheel built from this checkout, installed (not editable) into a
+# system venv that belongs to no clone, the broker's systemd unit pointing at it, and the
+# `vaccel` command on every user's PATH. Run as root:
+#
+#   sudo make install                       (= scripts/install.sh /opt/vaccel)
+#   scripts/install.sh [--wheels DIR] [--extras LIST] [--no-units] [VENV]
+#
+#   VENV           where it goes (default /opt/vaccel); made from /usr/bin/python3 with the
+#                  system's site-packages, so Debian's python3-systemd gives the journal fields
+#   --wheels DIR   install from the wheels in DIR, offline (vaccel's and its dependencies'),
+#                  instead of building vaccel's from this checkout and fetching the rest
+#   --extras LIST  vaccel's extras too, e.g. enforce (device-node ACLs) or metrics
+#   --no-units     do not run `vaccel-brokerd install-units`
+#
+# The development venv that `make demo` / `make test` build (/opt/vaccel-venv as root) is an
+# editable install of the clone that built it: never run the service from it (install-units
+# refuses to). Running this again replaces the installed version; the configuration in
+# /etc/vaccel is kept.
+set -euo pipefail
+
+venv=/opt/vaccel
+wheels=""
+extras=""
+units=1
+while (($#)); do
+    case $1 in
+        --wheels) wheels=$(realpath "${2:?--wheels needs a folder}"); shift 2 ;;
+        --extras) extras=${2:?--extras needs a list, e.g. enforce}; shift 2 ;;
+        --no-units) units=0; shift ;;
+        -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -*) echo "install.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+        *) venv=$1; shift ;;
+    esac
+done
+if [[ $(id -u) != 0 ]]; then
+    echo "install.sh: run it as root: it installs a system service (sudo make install)" >&2
+    exit 2
+fi
+requirement="vaccel${extras:+[$extras]}"
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+if [[ -z $wheels ]]; then
+    # Built from a copy of the working tree, never in place: a stale build/ folder would
+    # put removed modules into the wheel.
+    repo=$(cd "$(dirname "$0")/.." && pwd)
+    /usr/bin/python3 - "$repo" "$work/src" <<'EOF'
+import shutil, sys
+shutil.copytree(sys.argv[1], sys.argv[2], ignore=shutil.ignore_patterns(
+    ".git", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis", ".venv", ".cache"))
+EOF
+fi
+
+echo "install.sh: installing into $venv"
+/usr/bin/python3 -m venv --system-site-packages "$venv"
+# A pip config may name local wheel folders that are absent: pip warns once per package
+# about them (as in scripts/setup.sh). Real errors still show.
+quiet_pip() { "$venv/bin/pip" "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }; }
+pip=(quiet_pip install --quiet --disable-pip-version-check --no-cache-dir)
+if [[ -n $wheels ]]; then
+    pip+=(--no-index --find-links "$wheels")
+else
+    quiet_pip wheel --quiet --disable-pip-version-check --no-deps --wheel-dir "$work" "$work/src"
+    wheels=$work
+fi
+wheel=$(compgen -G "$wheels/vaccel-*.whl" | sort -V | tail -n 1 || true)
+if [[ -z $wheel ]]; then
+    echo "install.sh: no vaccel wheel in $wheels" >&2
+    exit 1
+fi
+# The same version number may carry other code (a newer commit): replace it, then add what it needs.
+"${pip[@]}" --force-reinstall --no-deps "$wheel"
+"${pip[@]}" "$requirement @ file://$wheel"
+chmod -R a+rX "$venv"
+
+# Every user's `vaccel`; an existing file of another origin is left alone.
+link=/usr/local/bin/vaccel
+if [[ ! -e $link || -L $link ]]; then
+    ln -sfn "$venv/bin/vaccel" "$link"
+    echo "install.sh: $link -> $venv/bin/vaccel"
+else
+    echo "install.sh: kept $link (not a link); users can run $venv/bin/vaccel"
+fi
+"$venv/bin/vaccel" --version
+
+if ((units)); then
+    "$venv/bin/vaccel-brokerd" install-units
+fi
