@@ -33,6 +33,7 @@ from vaccel.connection import BrokerConnection, BrokerUnavailable
 from vaccel.contract_files import ContractFiles, load_contract_files
 from vaccel.grpc_lazy import grpc
 from vaccel.lease_types import Lease, LeaseEnding, LeaseError
+from vaccel_common.ending_notice import warn_at, warning_lead_s
 from vaccel_common.units import format_duration, parse_duration
 from vaccel_common.v1 import broker_pb2 as pb
 
@@ -71,12 +72,6 @@ def time_limit_s(value: float | str | None) -> float:
         raise ValueError(f"a time limit of {value!r} is absurd: at most 366 days (the broker's policy "
                          "may allow far less; `vaccel status` shows it)")
     return seconds
-
-
-def warning_lead_s(time_limit: float) -> float:
-    """How long before a time limit the holder is warned: a tenth of the limit, between
-    1 second and 5 minutes (a 2 h job hears at 1 h 55 m, a 30 s test at 27 s)."""
-    return min(300.0, max(1.0, time_limit / 10)) if time_limit else 300.0
 
 
 class _RequestFields(NamedTuple):
@@ -338,8 +333,7 @@ class _Heartbeat(threading.Thread):
         wait = interval * random.uniform(0.8, 1.0)
         held = self.lease
         if held.expires_at and self._told != (held.expires_at, held.notice):
-            warn_at = held.expires_at - (0 if held.notice else warning_lead_s(held.time_limit_s))
-            wait = max(0.0, min(wait, warn_at - time.time()))
+            wait = max(0.0, min(wait, warn_at(held.expires_at, held.time_limit_s, held.notice) - time.time()))
         return wait
 
     def _maybe_warn(self) -> None:

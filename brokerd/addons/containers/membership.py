@@ -30,10 +30,14 @@ import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from brokerd.addons.containers import locate
-from brokerd.addons.containers.engine import ContainerInfo, EngineClient, EngineError
+from brokerd.addons.containers.info import ContainerInfo, EngineError
 from brokerd.base.procinfo import PROC, process_info
+
+if TYPE_CHECKING:
+    from brokerd.addons.containers.engine import EngineClient
 
 LEASE_LABEL = "org.vaccel.lease"
 USER_LABEL = "org.vaccel.user"
@@ -50,9 +54,13 @@ class Containers:
 
     @classmethod
     def configured(cls, docker: str, podman: str) -> Containers | None:
-        """From `[containers] docker` and `podman` (sockets, "" = none); None when both are ""."""
-        engines = [EngineClient(name, socket) for name, socket in (("docker", docker), ("podman", podman)) if socket]
-        return cls(engines) if engines else None
+        """From `[containers] docker` and `podman` (sockets, "" = none); None when both are ""
+        (and aiohttp, which the engine client needs, is then not imported)."""
+        if not docker and not podman:
+            return None
+        from brokerd.addons.containers.engine import EngineClient
+
+        return cls([EngineClient(name, socket) for name, socket in (("docker", docker), ("podman", podman)) if socket])
 
     async def close(self) -> None:
         for engine in self.engines:
@@ -100,6 +108,23 @@ class Containers:
             ref = locate.container_of(info.pid, self.proc_root) if info.running and info.pid else None
             return info if labelled and ref is not None and ref.id == info.id else None
         return None
+
+    async def lease_containers(self, lease_id: str, user: str) -> list[ContainerInfo]:
+        """Every running container of lease `lease_id` started by `user`, as `named_container`
+        confirms each: those the engines list with the lease's label, whether or not a client
+        named them (one started as its lease ended, before it could)."""
+        found = []
+        for engine in self.engines:
+            try:
+                ids = await engine.labelled(f"{LEASE_LABEL}={lease_id}")
+            except EngineError as exc:
+                log.warning("containers: %s", exc)
+                continue
+            for container in ids:
+                info = await self.named_container(container, lease_id, user)
+                if info is not None:
+                    found.append(info)
+        return found
 
     async def stop(self, info: ContainerInfo, grace_s: float) -> bool:
         """Stop a container found above, through the engine that described it (SIGTERM, then

@@ -118,8 +118,9 @@ function deviceCard(d) {
     el("div", { class: "top" }, el("span", {}, `gpu${d.index}`), el("span", { class: `badge ${d.state}` }, d.state)),
     el("div", { class: "name", title: d.name }, `${d.name} · ${mib(d.memory_mib)}`));
   if (d.holder) {
+    const container = d.holder.container;
     card.append(el("div", { class: "holder" }, el("span", { class: "user" }, d.holder.user || d.holder.uid),
-      ` (pid ${d.holder.pid})`));
+      container ? ` (container ${container.name || container.id.slice(0, 12)})` : ` (pid ${d.holder.pid})`));
     const left = d.time_left_s > 0 ? `${duration(d.time_left_s - (now() - state.statusAt))} left` : "no time limit";
     card.append(el("div", { class: "meta" }, `since ${clock(d.since)} (${duration(now() - d.since)}) · ${left}`));
     card.append(el("div", { class: "meta" }, `lease ${d.lease_id}`));
