@@ -188,19 +188,18 @@ def run_under_lease(
 
 def _supervise_container(container: ContainerRun, session: LeaseSession, lease_obj: Lease, socket: str | None,
                          wake: _Waker, ending: _Ending) -> int:
-    """Run a container engine's `run` with the lease applied to the container (imported
-    here: a plain `vaccel run` does not pay for it)."""
-    import tempfile
-
-    from vaccel import container_argv
+    """Run a container engine's `run` with the lease applied to the container, which the lease
+    then follows (vaccel/container_hold.py; imported here: a plain `vaccel run` does not pay for it)."""
+    from vaccel.container_hold import run_container
     from vaccel_common.paths import client_socket
 
     # The engine's client catches every signal and passes it on to the container, whose command
-    # may not handle the warning signal and would die of it: the coming end is only printed.
-    ending.warn_signal = None
-    with tempfile.TemporaryDirectory(prefix="vaccel-ct-") as folder:
-        command, _ = container_argv.for_lease(container, lease_obj, client_socket(socket), folder)
-        return _supervise(command, session, lease_obj, child_env(lease_obj, session.config_path), wake, ending)
+    # may not handle the warning signal and would die of it: the broker sends it to the container's
+    # processes that catch it, and here the coming end is only printed.
+    warn_signal, ending.warn_signal = ending.warn_signal, None
+    env = child_env(lease_obj, session.config_path)
+    return run_container(container, session, lease_obj, client_socket(socket), warn_signal,
+                         lambda command: _supervise(command, session, lease_obj, env, wake, ending))
 
 
 def _announce(quiet: bool, lease_obj: Lease, source: str = "") -> None:

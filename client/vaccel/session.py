@@ -294,6 +294,12 @@ class LeaseSession:
             return False
         return True
 
+    def hand_over(self) -> None:
+        """Something else holds the lease now (a container started with -d): it is neither
+        beaten nor released from here any more."""
+        self._stop_heartbeat()
+        self.lease = None
+
     def close(self) -> None:
         """Stop the heartbeat and close the connection (without releasing: see release())."""
         self._stop_heartbeat()

@@ -78,7 +78,8 @@ class EngineClient:
                 engine=self.engine, id=str(doc["Id"]), name=str(doc.get("Name", "")).lstrip("/"),
                 image=str(config.get("Image") or doc.get("ImageName") or doc.get("Image") or ""),
                 pid=int(state.get("Pid") or 0), running=bool(state.get("Running")),
-                labels={str(k): str(v) for k, v in (config.get("Labels") or {}).items()})
+                labels={str(k): str(v) for k, v in (config.get("Labels") or {}).items()},
+                status=str(state.get("Status") or ""))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise EngineError(f"{self.engine} at {self.socket}: unexpected inspect reply ({exc!r})") from None
 

@@ -22,3 +22,4 @@ class ContainerInfo:
     pid: int  # State.Pid: the container's init, as a host pid; 0 when it is not running
     running: bool
     labels: Mapping[str, str] = field(default_factory=dict)
+    status: str = ""  # State.Status: "created" until it starts, then "running", "exited", ...

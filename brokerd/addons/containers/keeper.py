@@ -34,6 +34,7 @@ from brokerd.leasing.model import ContainerHold, Lease
 
 ROOTLESS = "podman-rootless"
 HANDOVER_FIRST_S = 0.1  # as the reaper: the next waiter's grant goes first
+START_WAIT_S = 30.0  # a container named at create is confirmed once it has started
 log = logging.getLogger("vaccel.brokerd")
 
 
@@ -79,6 +80,7 @@ class ContainerKeeper(LeaseHook):
         engines = self.engines()
         named = container[:12] or f"with init pid {init_pid}"
         if container and engines is not None:
+            await engines.started(container, START_WAIT_S)
             info = await engines.named_container(container, lease.id, lease.holder.user)
             started = start_time(info.pid) if info is not None else None
             if info is not None and started is not None:

@@ -109,6 +109,18 @@ class Containers:
             return info if labelled and ref is not None and ref.id == info.id else None
         return None
 
+    async def started(self, container: str, timeout_s: float) -> None:
+        """Return once no engine knows `container` as created and not yet started (the engine
+        writes its --cidfile at create, a moment before the start), or after `timeout_s`."""
+        if not _FULL_ID.fullmatch(container):
+            return
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while asyncio.get_running_loop().time() < deadline:
+            infos = [await self._inspect(engine, container) for engine in self.engines]
+            if not any(info is not None and info.status == "created" for info in infos):
+                return
+            await asyncio.sleep(0.05)
+
     async def lease_containers(self, lease_id: str, user: str) -> list[ContainerInfo]:
         """Every running container of lease `lease_id` started by `user`, as `named_container`
         confirms each: those the engines list with the lease's label, whether or not a client
