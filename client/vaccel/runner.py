@@ -150,17 +150,21 @@ def run_under_lease(
     signal.pthread_sigmask(signal.SIG_BLOCK, _WAITED)
     wake = _Waker()
     try:
-        from vaccel import slurm_job  # inside a Slurm job the job's allocation is the lease: no broker
+        # Inside a Slurm job the job's allocation is the lease, inside a container given GPUs and
+        # no broker the GPUs it was given: no broker is asked.
+        from vaccel import container_job, slurm_job
 
-        job = None if lease_id else slurm_job.lease_for(gpus, contract=contract, config=config, socket=socket,
-                                                        in_process=False)
+        job = None if lease_id else (
+            slurm_job.lease_for(gpus, contract=contract, config=config, socket=socket, in_process=False)
+            or container_job.lease_for(gpus, contract=contract, config=config, socket=socket, in_process=False))
         if job is not None:
+            source = "this container's GPUs" if job.id.startswith(container_job.PREFIX) else "Slurm job"
             if container is not None:
                 from vaccel.containers import ContainerRefused
 
-                raise ContainerRefused(f"{container.engine} run inside a Slurm job: the job's GPUs are not given "
-                                       "to containers by vaccel; run the engine without vaccel run")
-            _announce(quiet, job, " (Slurm job)")
+                raise ContainerRefused(f"{container.engine} run inside a {source}: its GPUs are not given to "
+                                       "containers by vaccel; run the engine without vaccel run")
+            _announce(quiet, job, f" ({source})")
             return _supervise(command, slurm_job.NoSession(), job, child_env(job, None), wake)  # type: ignore[arg-type]
         request = LeaseRequest(gpus=gpus, min_memory_mib=min_memory_mib, wait=wait, contract=contract,
                                config=config, command=" ".join(command), time=time_limit, devices=devices)
