@@ -28,7 +28,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Broker
-from tests.container_engine import IMAGE, DockerEngine
+from tests.container_engine import IMAGE, PODMAN_IMAGE, DockerEngine
+from tests.podman_engine import RootfulPodman
 from tests.test_containers_run import UUIDS, docker_run, gpu_nodes  # noqa: F401 - gpu_nodes: fixture
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mknod and a private dockerd need root")
@@ -213,3 +214,58 @@ def test_a_client_naming_another_container_or_a_host_process_gets_nothing(host: 
         bystander.kill()
         bystander.wait()
         docker_engine.docker("rm", "-f", other)
+
+
+def test_a_time_limit_warns_the_detached_container_then_stops_it(host: Broker, docker_engine: DockerEngine):
+    r = host.vaccel("run", "--device", "gpu1", "--time", "5s", "--",
+                    *docker_run(docker_engine, "-d", "--name", "timed", IMAGE, sys.executable, "-c", WARNED),
+                    env={**host.env, "DOCKER_HOST": docker_engine.host}, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lease_id = lease_id_in(r.stderr)
+    wait_for(lambda: "warned" in docker_engine.docker("logs", "timed").stdout, 15, "the warning before the limit")
+    wait_for(lambda: not running(docker_engine, "timed"), 5 + 3 * STOP_GRACE_S + 10, "the container stopped")
+    ended = json.loads(host.vaccel("leases", "--ended", "--json").stdout)["leases"]
+    assert [lease["state"] for lease in ended if lease["id"] == lease_id] == ["time_limit"]
+
+
+def test_a_restart_keeps_a_container_held_lease_and_its_container(host: Broker, docker_engine: DockerEngine):
+    env = {**host.env, "DOCKER_HOST": docker_engine.host}
+    leases = {}
+    for name, device in (("kept", "gpu0"), ("gone", "gpu1")):
+        r = host.vaccel("run", "--device", device, "--",
+                        *docker_run(docker_engine, "-d", "--name", name, IMAGE, "sleep", "600"), env=env, timeout=120)
+        assert r.returncode == 0, r.stderr
+        leases[name] = lease_id_in(r.stderr)
+    before = holder_of(host, leases["kept"])
+    host.stop()
+    docker_engine.docker("stop", "gone", check=True)  # while the broker is down
+    host.start()
+    assert holder_of(host, leases["kept"]) == before  # the same container, the same init: watched again
+    ended = json.loads(host.vaccel("leases", "--ended", "--json").stdout)["leases"]
+    assert [(lease["state"], lease["end_reason"]) for lease in ended if lease["id"] == leases["gone"]] == [
+        ("holder_exited", "container gone exited while the broker was down")]
+    docker_engine.docker("stop", "kept", check=True)
+    wait_for(lambda: holder_of(host, leases["kept"]) is None, 15, "the lease ended with its container")
+
+
+def test_rootful_podman_through_its_api_the_same_way(start_broker, gpu_nodes: list[str],  # noqa: F811 - fixture
+                                                     rootful_podman: RootfulPodman, tmp_path: Path):
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text("devices:\n" + "".join(
+        f"  - {{vendor: nvidia, name: Sim GPU, uuid: {uuid}, memory_mib: 16384, compute_capability: '8.0', "
+        f"device_nodes: [{node}]}}\n" for uuid, node in zip(UUIDS, gpu_nodes, strict=True)))
+    broker = start_broker(inventory, f'[containers]\npodman = "{rootful_podman.host}"\nstop_grace = "1s"\n')
+    podman = ["/usr/bin/podman", "run", "-d", "--name", "rootful-held", *rootful_podman.image_args(), PODMAN_IMAGE,
+              "sleep", "600"]
+    r = broker.vaccel("run", "--device", "gpu1", "--", *podman, env={**broker.env, **rootful_podman.env}, timeout=120)
+    try:
+        assert r.returncode == 0, r.stderr
+        lease_id = lease_id_in(r.stderr)
+        holder = holder_of(broker, lease_id)
+        assert holder is not None and holder["container"]["engine"] == "podman"
+        assert holder["pid"] == int(rootful_podman.inspect("rootful-held", "{{.State.Pid}}"))
+        assert broker.vaccel("release", lease_id).returncode == 0
+        wait_for(lambda: rootful_podman.inspect("rootful-held", "{{.State.Running}}") == "false", 30,
+                 "the container stopped")
+    finally:
+        rootful_podman.podman("rm", "-f", "rootful-held")

@@ -86,7 +86,11 @@ class ContainerHolds:
         keeper = self._keeper()
         return keeper is not None and await keeper.runs_inside(caller, lease)
 
-    def restore(self, lease: Lease) -> bool:
-        """Watch a restored lease's container init again; False when it is gone (or is another
-        process now: the pid and start time both must match)."""
-        return lease.container is None or self.watcher.watch(lease.container.init)
+    def restore(self, lease: Lease, holder_alive: bool) -> str:
+        """Watch a restored lease's container init again; what of the lease exited while the
+        broker was down ("" nothing): its holder, or its container (gone, or another process
+        now: the pid and start time both must match)."""
+        hold = lease.container
+        if hold is not None and not (holder_alive if hold.held else self.watcher.watch(hold.init)):
+            return f"container {hold.name or hold.id[:12]}"
+        return "" if holder_alive else f"holder pid {lease.holder.pid}"

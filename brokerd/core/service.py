@@ -148,9 +148,7 @@ class BrokerService:
             # A reservation is held by its user: the command that booked it is long gone.
             alive = restored.reservation or self.watcher.watch(lease.holder.process)
             restored.members = {m for m in lease.members if self.watcher.watch(m)}
-            gone = "" if alive else f"holder pid {lease.holder.pid}"
-            if not gone and not self.holds.restore(restored):
-                gone = f"container {lease.container.name or lease.container.id[:12]}"  # type: ignore[union-attr]
+            gone = self.holds.restore(restored, alive)
             if not gone:
                 log_event("restore", f"lease {lease.id} restored for {lease.holder.user}",
                           lease_id=lease.id, user=lease.holder.user, device_uuids=lease.devices)
