@@ -169,12 +169,14 @@ def test_a_release_with_grace_warns_the_detached_container_then_stops_it(host: B
     assert r.returncode == 0, r.stderr
     lease_id = lease_id_in(r.stderr)
     wait_for(lambda: "started" in docker_engine.docker("logs", "warned").stdout, what="the command started")
-    r = host.vaccel("release", lease_id, "--grace", "2s", "--reason", "maintenance")
+    r = host.vaccel("release", lease_id, "--grace", "5s", "--reason", "maintenance")
     assert r.returncode == 0, r.stderr
     wait_for(lambda: "warned" in docker_engine.docker("logs", "warned").stdout, 10, "the warning signal")
-    assert running(docker_engine, "warned")  # warned, not stopped: the grace runs
-    wait_for(lambda: not running(docker_engine, "warned"), 2 + 3 * STOP_GRACE_S + 10, "the container stopped")
+    assert holder_of(host, lease_id) is not None  # warned at the notice, while the grace runs
+    wait_for(lambda: not running(docker_engine, "warned"), 5 + 3 * STOP_GRACE_S + 10, "the container stopped")
     assert [d["state"] for d in status(host)["devices"]] == ["free", "free"]
+    log = host.log.read_text()
+    assert log.index("container_warn") < log.index(f"lease {lease_id} of root ended") < log.index("stopped container")
 
 
 def test_a_client_naming_another_container_or_a_host_process_gets_nothing(host: Broker,

@@ -12,6 +12,6 @@ def warning_lead_s(time_limit: float) -> float:
 
 
 def warn_at(expires_at: float, time_limit_s: float, notice: str) -> float:
-    """When the holder of a lease that ends at `expires_at` is warned: at once for an early
+    """When the holder of a lease that ends at `expires_at` is warned: at once (0) for an early
     end announced with a notice (a revoke with grace, an idle reclaim), else the lead before."""
-    return expires_at - (0.0 if notice else warning_lead_s(time_limit_s))
+    return 0.0 if notice else expires_at - warning_lead_s(time_limit_s)

@@ -33,7 +33,7 @@ from vaccel.connection import BrokerConnection, BrokerUnavailable
 from vaccel.contract_files import ContractFiles, load_contract_files
 from vaccel.grpc_lazy import grpc
 from vaccel.lease_types import Lease, LeaseEnding, LeaseError
-from vaccel_common.ending_notice import warn_at, warning_lead_s
+from vaccel_common.ending_notice import warning_lead_s
 from vaccel_common.units import format_duration, parse_duration
 from vaccel_common.v1 import broker_pb2 as pb
 
@@ -339,7 +339,8 @@ class _Heartbeat(threading.Thread):
         wait = interval * random.uniform(0.8, 1.0)
         held = self.lease
         if held.expires_at and self._told != (held.expires_at, held.notice):
-            wait = max(0.0, min(wait, warn_at(held.expires_at, held.time_limit_s, held.notice) - time.time()))
+            warn_at = held.expires_at - (0 if held.notice else warning_lead_s(held.time_limit_s))
+            wait = max(0.0, min(wait, warn_at - time.time()))
         return wait
 
     def _maybe_warn(self) -> None:
