@@ -30,8 +30,9 @@ from brokerd.leasing.manager import LeaseManager
 from brokerd.leasing.model import Lease
 from brokerd.state.store import LeaseStore
 
-# Signals a client may ask its container's processes to be warned with (those that catch it).
-WARN_SIGNALS = frozenset({1, 2, 3, 10, 12, 15})  # HUP, INT, QUIT, USR1, USR2, TERM
+# Signals a container's processes may be warned with (those that catch it get it): any one a
+# process can catch, so not SIGKILL (9) nor SIGSTOP (19).
+WARN_SIGNALS = frozenset(range(1, 65)) - {9, 19}
 
 
 class ContainerHolds:
