@@ -84,9 +84,9 @@ class EngineClient:
             raise EngineError(f"{self.engine} at {self.socket}: unexpected inspect reply ({exc!r})") from None
 
     async def labelled(self, label: str) -> list[str]:
-        """The ids of the running containers that carry `label` ("KEY=VALUE")."""
+        """The ids of the containers that carry `label` ("KEY=VALUE"), whatever their state."""
         filters = quote(json.dumps({"label": [label]}), safe="")
-        _, doc = await self._call("GET", f"/containers/json?filters={filters}", self.timeout_s, (200,))
+        _, doc = await self._call("GET", f"/containers/json?all=1&filters={filters}", self.timeout_s, (200,))
         try:
             return [str(item["Id"]) for item in doc or ()]
         except (KeyError, TypeError) as exc:

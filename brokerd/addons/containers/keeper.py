@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from brokerd.addons.containers.info import EngineError
@@ -48,6 +49,9 @@ class ContainerKeeper(LeaseHook):
         self._sockets: tuple[str, str] = ("", "")
         self._engines: Containers | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        # The leases that may be applied to a container: those one was confirmed for (or that
+        # had one at a restart), so that a change of the broker's state looks at those only.
+        self._applied: set[str] = set()
         self.warnings = Warnings(self._held_leases, time.time)
 
     # -- the engines, as configured now ----------------------------------------------
@@ -84,10 +88,12 @@ class ContainerKeeper(LeaseHook):
             info = await engines.named_container(container, lease.id, lease.holder.user)
             started = start_time(info.pid) if info is not None else None
             if info is not None and started is not None:
+                self._applied.add(lease.id)
                 return ContainerHold(info.engine, info.id, info.name, info.image, ProcessId(info.pid, started))
         if init_pid and caller.uid != 0:
             hold = self._rootless(init_pid, caller.uid, container, shown)
             if hold is not None:
+                self._applied.add(lease.id)
                 return hold
         if engines is None and not init_pid:
             raise LeaseError(f"container {named} cannot be confirmed as lease {lease.id}'s: this broker asks no "
@@ -120,11 +126,16 @@ class ContainerKeeper(LeaseHook):
                 and (lease.container is None or lease.container.id == info.id))
 
     def stop_container(self, lease: Lease) -> None:
+        self._applied.discard(lease.id)
         self._spawn(self._stop(lease))
 
     # -- LeaseHook ---------------------------------------------------------------------
 
+    def restored(self, active: Sequence[Lease]) -> None:
+        self._applied.update(lease.id for lease in active if lease.container is not None)
+
     def ended(self, lease: Lease) -> None:
+        self._applied.discard(lease.id)
         self.warnings.forget(lease.id)
         if lease.container is not None or self.engines() is not None:
             self._spawn(self._stop(lease))
@@ -134,7 +145,8 @@ class ContainerKeeper(LeaseHook):
         self.warnings.changed()
 
     def _held_leases(self) -> list[Lease]:
-        return [lease for lease in self._service.manager.leases.values() if lease.container is not None]
+        leases = self._service.manager.leases
+        return [lease for lease_id in self._applied if (lease := leases.get(lease_id)) and lease.container]
 
     async def _stop(self, lease: Lease) -> None:
         await asyncio.sleep(HANDOVER_FIRST_S)

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 LEASE_LABEL = "org.vaccel.lease"
 USER_LABEL = "org.vaccel.user"
 _FULL_ID = re.compile(r"[0-9a-f]{64}")
+START_WAIT_S = 5.0  # a container created and not yet started: how long to wait for its start
 log = logging.getLogger("vaccel.brokerd")
 
 
@@ -124,7 +125,8 @@ class Containers:
     async def lease_containers(self, lease_id: str, user: str) -> list[ContainerInfo]:
         """Every running container of lease `lease_id` started by `user`, as `named_container`
         confirms each: those the engines list with the lease's label, whether or not a client
-        named them (one started as its lease ended, before it could)."""
+        named them (one started as its lease ended, before it could: one created and starting
+        is waited for, up to `START_WAIT_S`)."""
         found = []
         for engine in self.engines:
             try:
@@ -133,6 +135,7 @@ class Containers:
                 log.warning("containers: %s", exc)
                 continue
             for container in ids:
+                await self.started(container, START_WAIT_S)
                 info = await self.named_container(container, lease_id, user)
                 if info is not None:
                     found.append(info)
