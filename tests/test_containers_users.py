@@ -100,7 +100,7 @@ def test_container_root_joins_its_own_lease_and_no_other(host: Broker, staged: P
             "-e", f"VACCEL_LEASE_ID={lease_id}", "-e", f"VACCEL_SOCKET={host.socket}", IMAGE, sys.executable, "-c",
             JOIN)
         assert rogue.returncode != 0
-        assert "only its holder's processes, and those of the container it was applied to, may join it" in \
+        assert "only its holder's processes may join it (and those of the container it was applied to)" in \
             rogue.stderr, rogue.stderr
         assert holder_of(host, lease_id)["user"] == "vaccel-alice"
     finally:

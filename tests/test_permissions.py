@@ -46,8 +46,8 @@ TABLE: dict[Action, tuple[set[str], str]] = {
                                  "'vaccel-admin' may; `vaccel status` shows who holds each device"),
     Action.GET: ({"holder", "same user", "admin", "member"}, BELONGS),
     Action.HEARTBEAT: ({"holder", "same user", "member"}, BELONGS),
-    Action.JOIN: ({"holder", "same user"}, f"{BELONGS}; only its holder's processes, and those of the container "
-                                           "it was applied to, may join it"),
+    Action.JOIN: ({"holder", "same user"}, f"{BELONGS}; only its holder's processes may join it (and those of the "
+                                           "container it was applied to)"),
     Action.ATTACH: ({"holder", "same user"}, f"{BELONGS}; only they may apply it to a container"),
     Action.RELEASE: ({"holder", "same user", "admin"},
                      f"{BELONGS}; only they, root or the admin group may release it"),

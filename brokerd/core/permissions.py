@@ -82,8 +82,8 @@ RULES: Mapping[Action, Rule] = MappingProxyType({
     Action.HEARTBEAT: Rule(_HOLDER_USER_OR_MEMBER, "lease {lease} belongs to {owner}"),
     # Joining puts a process inside the lease: an admin has no business there either.
     Action.JOIN: Rule(_HOLDER_USER | {Who.LEASE_CONTAINER}, (
-        "lease {lease} belongs to {owner}; only its holder's processes, and those of the container it "
-        "was applied to, may join it")),
+        "lease {lease} belongs to {owner}; only its holder's processes may join it (and those of the "
+        "container it was applied to)")),
     Action.ATTACH: Rule(_HOLDER_USER, "lease {lease} belongs to {owner}; only they may apply it to a container"),
     Action.RELEASE: Rule(_HOLDER_USER_OR_ADMIN, (
         "lease {lease} belongs to {owner}; only they, root or the admin group may release it")),
