@@ -137,3 +137,18 @@ def test_a_second_users_container_waits_then_starts_when_the_first_ends(host: Br
             if run is not None and run.poll() is None:
                 run.kill()
                 run.wait(10)
+
+
+def test_an_admins_revoke_stops_a_users_detached_container(host: Broker, staged: Path,  # noqa: F811 - fixture
+                                                           docker_engine: DockerEngine):
+    env = user_env(host, staged, docker_engine)
+    r = as_user("vaccel-alice", env, "--device", "gpu1", "--",
+                *docker_run(docker_engine, "-d", "--name", "alice-notebook", IMAGE, "sleep", "600"))
+    assert r.returncode == 0, r.stderr
+    lease_id = lease_id_of(r.stderr)
+    assert holder_of(host, lease_id)["container"]["name"] == "alice-notebook"
+    r = host.vaccel("release", lease_id, "--reason", "the GPU is needed for the exam")  # root: a revoke
+    assert r.returncode == 0 and "revoked" in r.stdout, r.stdout + r.stderr
+    wait_for(lambda: docker_engine.inspect("alice-notebook", "{{.State.Running}}") == "false", 30,
+             "alice's container stopped")
+    assert [d["state"] for d in status(host)["devices"]] == ["free", "free"]
