@@ -271,3 +271,12 @@ def test_rootful_podman_through_its_api_the_same_way(start_broker, gpu_nodes: li
                  "the container stopped")
     finally:
         rootful_podman.podman("rm", "-f", "rootful-held")
+
+
+def test_a_short_container_is_followed_or_gone_without_a_warning(host: Broker, docker_engine: DockerEngine):
+    """`true` can end before vaccel run names its container: nothing is left to follow, and
+    nothing is said about it."""
+    for _ in range(3):
+        r = host.vaccel("run", "--", *docker_run(docker_engine, IMAGE, "true"),
+                        env={**host.env, "DOCKER_HOST": docker_engine.host})
+        assert r.returncode == 0 and "warning" not in r.stderr, r.stderr

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 Supervise = Callable[[list[str]], int]
 CREATE_WAIT_S = 3600.0  # pulling a large image comes before the create: wait as long as the client runs
 INIT_WAIT_S = 30.0
+SETTLE_S = 2.0  # a container its engine's client reports ended within this is not warned about
 
 
 def run_container(run: ContainerRun, session: LeaseSession, lease: Lease, socket: str, warn_signal: int | None,
@@ -89,7 +90,8 @@ class _Namer(threading.Thread):
     def __init__(self, run: ContainerRun, session: LeaseSession, lease: Lease, cidfile: str,
                  warn_signal: int | None) -> None:
         super().__init__(name=f"vaccel-container-{lease.id}", daemon=True)
-        self.run_, self.session, self.lease, self.cidfile, self.warn_signal = run, session, lease, cidfile, warn_signal
+        self.container_run, self.session, self.lease = run, session, lease
+        self.cidfile, self.warn_signal = cidfile, warn_signal
         self._done = threading.Event()
 
     def run(self) -> None:
@@ -101,12 +103,15 @@ class _Namer(threading.Thread):
             container = _read_id(self.cidfile)
             if container:
                 try:
-                    _attach(self.run_, self.session, self.lease, container, self.warn_signal, held=False,
+                    _attach(self.container_run, self.session, self.lease, container, self.warn_signal, held=False,
                             stop=self._done)
                 except LeaseError as exc:
-                    if not self._done.is_set():
-                        print(f"vaccel: warning: {exc}; the container is stopped only through {self.run_.engine} "
-                              "if vaccel run is killed", file=sys.stderr, flush=True)
+                    # A container that has exited already (a short command; not_found, or one --rm
+                    # removed, whose engine's client then ends at once) leaves nothing to follow.
+                    if exc.code != "not_found" and not self._done.wait(SETTLE_S):
+                        engine = self.container_run.engine
+                        print(f"vaccel: warning: {exc}; the container is stopped only through {engine} if vaccel run "
+                              "is killed", file=sys.stderr, flush=True)
                 return
             wait = min(0.2, wait * 1.5)
 

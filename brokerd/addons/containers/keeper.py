@@ -24,12 +24,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from brokerd.addons.containers.info import EngineError
-from brokerd.addons.containers.membership import USER_LABEL, Containers, RootlessContainer
+from brokerd.addons.containers.membership import LEASE_LABEL, USER_LABEL, Containers, RootlessContainer
 from brokerd.addons.containers.warning import Warnings
 from brokerd.base.journal import log_event
 from brokerd.base.process import Identity, ProcessId
 from brokerd.base.procinfo import start_time
-from brokerd.leasing.errors import LeaseError
+from brokerd.leasing.errors import LeaseError, NotFound
 from brokerd.leasing.hooks import LeaseHook
 from brokerd.leasing.model import ContainerHold, Lease
 
@@ -95,12 +95,22 @@ class ContainerKeeper(LeaseHook):
             if hold is not None:
                 self._applied.add(lease.id)
                 return hold
+        if container and engines is not None and await self._exited(engines, container, lease):
+            raise NotFound(f"container {named} of lease {lease.id} has exited already")
         if engines is None and not init_pid:
             raise LeaseError(f"container {named} cannot be confirmed as lease {lease.id}'s: this broker asks no "
                              "container engine ([containers] docker or podman in its brokerd.toml)")
         raise LeaseError(f"container {named} is not lease {lease.id}'s: neither a container engine the broker asks "
                          f"nor the kernel says it runs with lease {lease.id}'s labels, started by "
                          f"{lease.holder.user}")
+
+    @staticmethod
+    async def _exited(engines: Containers, container: str, lease: Lease) -> bool:
+        """Whether the engine knows the container as the lease's and it has stopped (a short
+        command can end before its client names it): nothing is left to follow."""
+        info = await engines.described(container)
+        return (info is not None and not info.running and info.labels.get(LEASE_LABEL) == lease.id
+                and info.labels.get(USER_LABEL) == lease.holder.user)
 
     @staticmethod
     def _rootless(init_pid: int, uid: int, container: str, shown: tuple[str, str]) -> ContainerHold | None:

@@ -90,6 +90,14 @@ class Containers:
                 return None
         return None
 
+    async def described(self, container: str) -> ContainerInfo | None:
+        """The container as the first engine that knows it describes it, whatever its state."""
+        for engine in self.engines:
+            info = await self._inspect(engine, container)
+            if info is not None:
+                return info
+        return None
+
     async def lease_container_of(self, pid: int, lease_id: str) -> ContainerInfo | None:
         """The container of lease `lease_id` that `pid` runs in; None for any other process."""
         info = await self.container_of(pid)
