@@ -22,7 +22,7 @@ import pytest
 
 from tests.conftest import Broker
 from tests.container_engine import IMAGE, DockerEngine
-from tests.test_containers_lease import config_for, holder_of, status, wait_for
+from tests.test_containers_lease import config_for, holder_of, running, status, wait_for
 from tests.test_containers_run import UUIDS, docker_run, gpu_nodes  # noqa: F401 - gpu_nodes: fixture
 from tests.test_multiuser import staged  # noqa: F401 - staged: fixture
 
@@ -149,6 +149,5 @@ def test_an_admins_revoke_stops_a_users_detached_container(host: Broker, staged:
     assert holder_of(host, lease_id)["container"]["name"] == "alice-notebook"
     r = host.vaccel("release", lease_id, "--reason", "the GPU is needed for the exam")  # root: a revoke
     assert r.returncode == 0 and "revoked" in r.stdout, r.stdout + r.stderr
-    wait_for(lambda: docker_engine.inspect("alice-notebook", "{{.State.Running}}") == "false", 30,
-             "alice's container stopped")
+    wait_for(lambda: not running(docker_engine, "alice-notebook"), 30, "alice's container stopped")
     assert [d["state"] for d in status(host)["devices"]] == ["free", "free"]
