@@ -104,7 +104,10 @@ def test_a_rootless_detached_container_holds_its_lease_and_a_release_stops_it(
                                                                        "engine": "podman-rootless"}
     r = rootless_podman.run_as_user([sys.executable, "-m", "vaccel.cli", "release", lease_id], env=env)
     assert r.returncode == 0, r.stderr
+    def running() -> str:  # an inspect while podman stops it may fail for a moment: ask again
+        return rootless_podman.podman("inspect", "--format", "{{.State.Running}}", "rootless-held").stdout.strip()
+
     deadline = time.monotonic() + 30
-    while rootless_podman.inspect("rootless-held", "{{.State.Running}}") == "true" and time.monotonic() < deadline:
+    while running() != "false" and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert rootless_podman.inspect("rootless-held", "{{.State.Running}}") == "false"
+    assert running() == "false"
