@@ -10,7 +10,11 @@ Prints, each a median with its spread:
 - `docker run --rm IMAGE true`, and the same under `vaccel run --gpus 1 --` against a broker
   on the simulated lab server (the lease, the rewritten command, the release), interleaved
   round by round so a noisy neighbour slows both alike; their ratio and difference;
-- with --rootless, `podman run --rm IMAGE true` as an unprivileged user.
+- with --rootless, `podman run --rm IMAGE true` as an unprivileged user;
+- how fast the lease follows its container (bench/container_lease.py): grant to the container's
+  command starting, beside a bare docker run's spawn to its command starting; a container's exit
+  to the next grant of its device; SIGKILL of a foreground `vaccel run` to its container gone,
+  and to the next grant.
 Figures are printed, never asserted.
 """
 
@@ -29,6 +33,7 @@ from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make `bench` and `tests` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import container_lease
 from bench.stats import summary_ms
 from tests.conftest import LAB_INVENTORY, Broker
 from tests.container_engine import DOCKER, DOCKERD, IMAGE, PODMAN, PODMAN_IMAGE, DockerEngine, missing_programs
@@ -77,7 +82,7 @@ def run(runs: int, starts: int, rootless: bool) -> dict[str, Any]:
         engine.start()
         engine.import_image()
         (root / "broker").mkdir()
-        broker = Broker(root / "broker", LAB_INVENTORY, "").start()
+        broker = Broker(root / "broker", LAB_INVENTORY, container_lease.broker_config(engine, 10)).start()
         env = {**broker.env, "DOCKER_HOST": engine.host}
         bare = [DOCKER, "run", "--rm", *engine.image_args(), IMAGE, "true"]
         leased = [sys.executable, "-m", "vaccel.cli", "run", "-q", "--gpus", "1", "--", *bare]
@@ -95,6 +100,7 @@ def run(runs: int, starts: int, rootless: bool) -> dict[str, Any]:
                 took = _timed([PODMAN, "run", "--rm", *podman.image_args(), PODMAN_IMAGE, "true"], podman.env, podman)
                 if round_:
                     times[ROOTLESS].append(took)
+        following = container_lease.measure(broker, engine, runs)
     finally:
         if broker is not None:
             broker.stop()
@@ -105,7 +111,7 @@ def run(runs: int, starts: int, rootless: bool) -> dict[str, Any]:
     figures = {name: summary_ms(values) for name, values in times.items()}
     bare_p50, leased_p50 = figures[BARE]["p50_ms"], figures[LEASED]["p50_ms"]
     return {"runs": runs, "cpus": os.cpu_count(), "engine_start": summary_ms(start_s),
-            "image_import": summary_ms(import_s), "figures": figures,
+            "image_import": summary_ms(import_s), "figures": figures, "lease_follows_container": following,
             "leased_minus_bare_ms": leased_p50 - bare_p50, "leased_x_bare": leased_p50 / bare_p50 if bare_p50 else 0.0}
 
 
@@ -121,6 +127,11 @@ def render(result: dict[str, Any]) -> str:
         lines.append(f"{name:<52}{row['p50_ms']:>9.1f}{row['p90_ms']:>9.1f}{row['min_ms']:>9.1f}{row['max_ms']:>9.1f}")
     lines += ["", f"vaccel run adds {result['leased_minus_bare_ms']:.1f} ms to a container's start-to-exit "
               f"({result['leased_x_bare']:.2f}x the bare docker run)"]
+    lines += ["", f"{'the lease follows its container, ' + str(result['runs']) + ' rounds':<52}{'p50 ms':>9}"
+              f"{'p90 ms':>9}{'min ms':>9}{'max ms':>9}"]
+    for key, label in container_lease.FIGURES.items():
+        row = result["lease_follows_container"][key]
+        lines.append(f"{label:<52}{row['p50_ms']:>9.1f}{row['p90_ms']:>9.1f}{row['min_ms']:>9.1f}{row['max_ms']:>9.1f}")
     return "\n".join(lines)
 
 

@@ -6,7 +6,13 @@
 #      tests/fixtures/probes/nvml_<gpu>_real.json),
 #   3. start the daemon on real probing, lease one GPU with `vaccel run`, and show that torch
 #      sees exactly the leased device (its UUID matches the lease),
-#   4. the accelerator check: fp32 / fp16+GradScaler / bf16 step time and peak memory.
+#   4. the accelerator check: fp32 / fp16+GradScaler / bf16 step time and peak memory,
+#   5. containers (issue 34), where the machine has them: `vaccel run -- docker run` gives the
+#      container exactly the leased GPU with Docker's `--gpus "device=UUID"` (the NVIDIA
+#      Container Toolkit's runtime), `vaccel run -- podman run` with its CDI name
+#      (nvidia.com/gpu=UUID, a spec from `nvidia-ctk cdi generate`), and a plain
+#      `docker run --gpus 1` that reaches no broker takes the GPU it was given as its lease.
+#      An engine or toolkit the machine lacks is skipped and said so; nothing is installed for it.
 # Never changes GPU settings. Exits non-zero when a check fails.
 set -euo pipefail
 OUT=${OUT:-$PWD/gpu-check-out}
@@ -40,4 +46,56 @@ x = torch.randn(4096, 4096, device="cuda"); print("matmul ok", float((x @ x).abs
 PY
 
 vaccel run --gpus 1 -- python scripts/gpu_check_accelerator.py --markdown | tee "$OUT/accelerator.md"
+
+# 5. Containers. The image borrows the host's /usr read-only (as the tests' image does: no
+# registry), so the driver's libraries and nvidia-smi are the host's; the venv is mounted at
+# its own path. What a container sees of the GPUs: nvidia-smi's list and torch's count.
+SEEN='import os, subprocess, torch; print(torch.cuda.device_count(), subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.count("GPU "), os.environ.get("VACCEL_LEASE_ID", ""))'
+skeleton_image() {  # $1: the engine's program; imports vaccel-hostusr:latest
+    local skel; skel=$(mktemp -d /tmp/vaccel-gpu-skel.XXXX)
+    mkdir -p "$skel"/{usr,etc,proc,sys,dev,run,root,sbin,tmp}; chmod 1777 "$skel/tmp"
+    for d in bin lib lib64; do ln -s "usr/$d" "$skel/$d"; done
+    printf 'root:x:0:0:root:/root:/bin/sh\n' >"$skel/etc/passwd"; printf 'root:x:0:\n' >"$skel/etc/group"
+    tar --numeric-owner -C "$skel" -c . | "$1" import --change 'CMD ["/bin/sh"]' - vaccel-hostusr:latest >/dev/null
+    rm -rf "$skel"
+}
+check_seen() {  # $1: what the container printed, $2: the lease expected ("" none)
+    read -r torch_count smi_count lease_id <<<"$1"
+    [ "$torch_count" = 1 ] && [ "$smi_count" = 1 ] && [ "${lease_id:-}" = "$2" ] \
+        || { echo "containers: expected 1 GPU seen by torch and nvidia-smi, lease '$2'; got: $1" >&2; exit 1; }
+}
+MOUNTS=(-v /usr:/usr:ro -v "$VENV:$VENV:ro" --network none)
+if command -v docker >/dev/null && docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q nvidia; then
+    skeleton_image docker
+    WORK_CT=$(mktemp -d /tmp/vaccel-gpu-ct.XXXX)
+    printf '[containers]\ndocker = "/run/docker.sock"\n' >"$WORK_CT/brokerd.toml"
+    kill $BROKER; wait $BROKER 2>/dev/null || true
+    vaccel-brokerd --config "$WORK_CT/brokerd.toml" --socket "$VACCEL_SOCKET" --state-dir "$WORK/state" \
+        >>"$OUT/brokerd.log" 2>&1 &
+    BROKER=$!
+    for _ in $(seq 100); do [ -S "$VACCEL_SOCKET.id" ] && break; sleep 0.1; done
+    out=$(vaccel run --gpus 1 -- docker run --rm "${MOUNTS[@]}" vaccel-hostusr:latest "$VENV/bin/python" -c "$SEEN" \
+          2>"$OUT/docker-run.err")
+    lease=$(sed -n 's/^vaccel: lease \(l-[0-9a-f]*\).*/\1/p' "$OUT/docker-run.err" | head -1)
+    echo "vaccel run -- docker run: $out" | tee "$OUT/containers.txt"
+    check_seen "$out" "$lease"
+    out=$(docker run --rm --gpus 1 "${MOUNTS[@]}" -e VACCEL_SOCKET=/nonexistent.sock vaccel-hostusr:latest \
+          "$VENV/bin/python" -c "import vaccel
+with vaccel.lease() as held:
+    print(held.id, len(held.devices), held.simulated)")
+    echo "docker run --gpus 1, no broker: $out" | tee -a "$OUT/containers.txt"
+    case "$out" in container-*" 1 False") ;; *) echo "containers: the GPU given is not the lease: $out" >&2; exit 1;; esac
+else
+    echo "containers: no docker with the NVIDIA runtime here: --gpus not checked" | tee "$OUT/containers.txt"
+fi
+if command -v podman >/dev/null && grep -qs 'nvidia.com/gpu' /etc/cdi/*.yaml /var/run/cdi/*.yaml; then
+    skeleton_image podman
+    out=$(vaccel run --gpus 1 -- podman run --rm "${MOUNTS[@]}" localhost/vaccel-hostusr:latest "$VENV/bin/python" \
+          -c "$SEEN" 2>"$OUT/podman-run.err")
+    lease=$(sed -n 's/^vaccel: lease \(l-[0-9a-f]*\).*/\1/p' "$OUT/podman-run.err" | head -1)
+    echo "vaccel run -- podman run (CDI): $out" | tee -a "$OUT/containers.txt"
+    check_seen "$out" "$lease"
+else
+    echo "containers: no podman with an NVIDIA CDI spec here: CDI names not checked" | tee -a "$OUT/containers.txt"
+fi
 echo "gpu check: all passed; results in $OUT"

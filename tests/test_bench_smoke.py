@@ -121,6 +121,9 @@ def test_containers_benchmark_prints_every_figure() -> None:
     assert set(Path("/tmp").glob("vaccel-bench-*")) | set(Path("/tmp").glob("vct-*")) <= before
     result = json.loads(done.stdout)
     assert set(result["figures"]) == {"docker run --rm IMAGE true", "vaccel run --gpus 1 -- docker run --rm IMAGE true"}
-    for row in (*result["figures"].values(), result["engine_start"], result["image_import"]):
+    assert set(result["lease_follows_container"]) == {"bare_start", "grant_to_start", "exit_to_next_grant",
+                                                      "kill_to_stopped", "kill_to_next_grant"}
+    for row in (*result["figures"].values(), *result["lease_follows_container"].values(), result["engine_start"],
+                result["image_import"]):
         assert row["n"] == 1 and row["p50_ms"] > 0
     assert result["leased_x_bare"] > 0

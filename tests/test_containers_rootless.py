@@ -13,6 +13,7 @@ import shutil
 import stat
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -80,3 +81,33 @@ def test_rootless_container_root_opens_only_the_leased_node(governed, rootless_p
                                   PODMAN_IMAGE, "python3", "-c", PROBE, "/host-nodes", "/host-nodes/gpu0",
                                   "/host-nodes/gpu1", check=True)
     assert json.loads(bare.stdout)["open"] == {"/host-nodes/gpu0": "EACCES", "/host-nodes/gpu1": "EACCES"}
+
+
+def test_a_rootless_detached_container_holds_its_lease_and_a_release_stops_it(
+        governed, rootless_podman: RootlessPodman, staged: Path):  # noqa: F811 - staged: fixture
+    """No engine for the broker to ask: the user's podman reports the container's init pid, the
+    kernel confirms it is the init of a pid namespace of the user's own processes."""
+    broker, _ = governed
+    env = {**rootless_podman.env, "VACCEL_SOCKET": str(broker.socket), "PYTHONPATH": str(staged),
+           "PYTHONUNBUFFERED": "1"}
+    podman = ["/usr/bin/podman", "run", "-d", "--name", "rootless-held", *rootless_podman.image_args(),
+              PODMAN_IMAGE, "sleep", "600"]
+    r = rootless_podman.run_as_user([sys.executable, "-m", "vaccel.cli", "run", "--device", "gpu0", "--", *podman],
+                                    env=env)
+    assert r.returncode == 0, r.stderr
+    lease_id = lease_id_of(r.stderr)
+    init = int(rootless_podman.inspect("rootless-held", "{{.State.Pid}}"))
+    holder = next(d["holder"] for d in json.loads(broker.vaccel("status", "--json").stdout)["devices"]
+                  if d["lease_id"] == lease_id)
+    assert holder["pid"] == init and holder["user"] == "vaccel-ctuser"
+    assert {k: holder["container"][k] for k in ("name", "engine")} == {"name": "rootless-held",
+                                                                       "engine": "podman-rootless"}
+    r = rootless_podman.run_as_user([sys.executable, "-m", "vaccel.cli", "release", lease_id], env=env)
+    assert r.returncode == 0, r.stderr
+    def running() -> str:  # an inspect while podman stops it may fail for a moment: ask again
+        return rootless_podman.podman("inspect", "--format", "{{.State.Running}}", "rootless-held").stdout.strip()
+
+    deadline = time.monotonic() + 30
+    while running() != "false" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert running() == "false"

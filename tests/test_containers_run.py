@@ -127,7 +127,6 @@ def test_with_lease_inside_the_container_joins_the_same_lease(host: Broker, dock
     (["--privileged"], "docker run --privileged gives the container every device"),
     (["-e", "CUDA_VISIBLE_DEVICES=0"], "vaccel sets CUDA_VISIBLE_DEVICES"),
     (["--device", "GPU_NODE_0"], "is a GPU device node"),
-    (["-d"], "docker run -d: the container would outlive its lease"),
 ])
 def test_refused_arguments_start_nothing(host: Broker, docker_engine: DockerEngine, gpu_nodes: list[str],
                                          options: list[str], says: str):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from brokerd.base.process import Holder, Identity
+from brokerd.base.process import Holder, Identity, ProcessId
 from brokerd.base.procinfo import start_time
 from brokerd.config.loader import Config
 from brokerd.contract import Requirement
@@ -30,10 +30,11 @@ CALLERS = {
     "same user": Identity(1001, 1001, 501, 12),  # a torchrun rank, a `vaccel run` child
     "other user": Identity(1002, 1002, 600, 22),
     "admin": Identity(1003, 1003, 700, 33),
+    "member": Identity(0, 0, 800, 44),  # container root that joined the lease: uid 0 to the host
 }
-LEASE = Lease("l-1", ALICE, ("GPU-0",), "cuda", 0.0)
+LEASE = Lease("l-1", ALICE, ("GPU-0",), "cuda", 0.0, members={ProcessId(800, 44)})
 BELONGS = "lease l-1 belongs to alice"
-ALL = {"holder", "same user", "other user", "admin"}
+ALL = {"holder", "same user", "other user", "admin", "member"}
 
 # action -> (who may, what everyone else reads)
 TABLE: dict[Action, tuple[set[str], str]] = {
@@ -43,9 +44,11 @@ TABLE: dict[Action, tuple[set[str], str]] = {
     Action.LIST_OWN: (ALL, ""),
     Action.LIST_ALL: ({"admin"}, "--all lists every user's leases: only root and members of the admin group "
                                  "'vaccel-admin' may; `vaccel status` shows who holds each device"),
-    Action.GET: ({"holder", "same user", "admin"}, BELONGS),
-    Action.HEARTBEAT: ({"holder", "same user"}, BELONGS),
-    Action.JOIN: ({"holder", "same user"}, f"{BELONGS}; only its holder's processes may join it"),
+    Action.GET: ({"holder", "same user", "admin", "member"}, BELONGS),
+    Action.HEARTBEAT: ({"holder", "same user", "member"}, BELONGS),
+    Action.JOIN: ({"holder", "same user"}, f"{BELONGS}; only its holder's processes may join it (and those of the "
+                                           "container it was applied to)"),
+    Action.ATTACH: ({"holder", "same user"}, f"{BELONGS}; only they may apply it to a container"),
     Action.RELEASE: ({"holder", "same user", "admin"},
                      f"{BELONGS}; only they, root or the admin group may release it"),
     Action.DRAIN: ({"admin"}, "draining devices is for root and the 'vaccel-admin' group"),
@@ -78,6 +81,18 @@ def test_rule(action: Action, who: str):
         permissions().require(action, CALLERS[who], LEASE)
     assert str(info.value) == refusal
     assert info.value.kind == "permission_denied"
+
+
+def test_a_process_of_the_leases_container_may_join_whatever_its_uid():
+    """Container root is uid 0 to the host: it joins because the service found it in the
+    lease's container (`inside`), not because of its uid; and nothing else it may do besides."""
+    root_inside = Identity(0, 0, 900, 55)
+    permissions().require(Action.JOIN, root_inside, LEASE, inside=True)
+    with pytest.raises(PermissionDenied):
+        permissions().require(Action.JOIN, root_inside, LEASE)
+    for action in (Action.HEARTBEAT, Action.RELEASE, Action.ATTACH):
+        with pytest.raises(PermissionDenied):
+            permissions().require(action, root_inside, LEASE, inside=True)
 
 
 def test_an_unnamed_holder_is_shown_by_uid():

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from brokerd.base.process import Holder
+from brokerd.base.process import Holder, ProcessId
 from brokerd.contract import CheckLine
-from brokerd.leasing.model import RELEASED, Lease, LeaseTerms
+from brokerd.leasing.model import RELEASED, ContainerHold, Lease, LeaseTerms
 from brokerd.state.store import DB_NAME, SCHEMA_VERSION, LeaseStore, StateError
 from tests.store_gate import WriterGate
 
@@ -46,6 +46,8 @@ def make_lease(lease_id: str, *devices: str) -> Lease:
         notice="revoked by root: maintenance",
         time_limit_s=7200.0,
         ending_state="revoked",
+        container=ContainerHold("docker", "c" * 64, "zhang-pytorch", "pytorch-cuda:v2.7", ProcessId(4250, 790),
+                                held=True, warn_signal=10),
     )
 
 
@@ -387,6 +389,35 @@ def test_a_version_1_database_is_migrated_in_place_and_keeps_its_leases(tmp_path
     assert raw(tmp_path, "SELECT value FROM meta WHERE key='schema_version'") == [(str(SCHEMA_VERSION),)]
     active, _, _ = reopen(tmp_path)  # and it opens again as the current version
     assert [lease.id for lease in active] == ["l-old"]
+
+
+def test_a_version_3_database_opens_with_no_container_and_keeps_one_applied_later(tmp_path: Path):
+    # The file of the round before containers: its leases open as applied to none; a lease
+    # applied to a container afterwards (its init now its holder) keeps it across a restart.
+    conn = sqlite3.connect(tmp_path / DB_NAME)
+    conn.executescript(_V1_LEASES)
+    conn.close()
+    reopen(tmp_path)  # the file of today's daemon, as a version 1 file migrated
+    raw(tmp_path, "ALTER TABLE leases DROP COLUMN container")
+    raw(tmp_path, "UPDATE meta SET value='3' WHERE key='schema_version'")
+    active, _, _ = reopen(tmp_path)
+    assert [(lease.id, lease.container) for lease in active] == [("l-old", None)]
+    assert raw(tmp_path, "SELECT value FROM meta WHERE key='schema_version'") == [(str(SCHEMA_VERSION),)]
+    hold = ContainerHold("podman-rootless", "", "notebook", "pytorch", ProcessId(5151, 999), held=True)
+
+    async def apply() -> None:
+        store = LeaseStore(tmp_path)
+        lease = store.open()[0][0]
+        lease.container = hold
+        lease.holder = dataclasses.replace(lease.holder, pid=5151, start_time=999)
+        try:
+            await store.save_holder(lease)
+        finally:
+            store.close()
+
+    asyncio.run(apply())
+    active, _, _ = reopen(tmp_path)
+    assert [(lease.holder.process, lease.container) for lease in active] == [(ProcessId(5151, 999), hold)]
 
 
 def test_held_saves_wait_for_release_then_commit_as_one_transaction(tmp_path: Path):

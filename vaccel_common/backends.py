@@ -25,6 +25,9 @@ class ContainerFacts(NamedTuple):
     # The vendor container runtime's own selection variable, read from the container's
     # environment (a vendor base image sets it to "all"): vaccel sets it to the leased ids.
     runtime_visible_var: str = ""
+    # The node each device a container runtime gives a container shows up as, one per device
+    # (a glob): inside a container, those are the devices it was given.
+    device_node_glob: str = ""
 
 
 class Backend(NamedTuple):
@@ -53,7 +56,7 @@ BACKENDS: dict[str, Backend] = {
         torch_device_type="cuda",
         dist_backend="nccl",
         container=ContainerFacts(docker_gpus=True, cdi_kind="nvidia.com/gpu",
-                                 runtime_visible_var="NVIDIA_VISIBLE_DEVICES"),
+                                 runtime_visible_var="NVIDIA_VISIBLE_DEVICES", device_node_glob="/dev/nvidia[0-9]*"),
     ),
     "rocm": Backend(
         name="rocm",
@@ -69,7 +72,7 @@ BACKENDS: dict[str, Backend] = {
         # XNACK lets the GPU retry a page fault, so managed and host memory migrate on use.
         unified_memory_env=(("HSA_XNACK", "1"),),
         # the compute interface every process opens, beside the device's own render node
-        container=ContainerFacts(shared_nodes=("/dev/kfd",)),
+        container=ContainerFacts(shared_nodes=("/dev/kfd",), device_node_glob="/dev/dri/renderD*"),
     ),
     "xpu": Backend(
         name="xpu",
@@ -79,6 +82,7 @@ BACKENDS: dict[str, Backend] = {
         allocator_var="",
         torch_device_type="xpu",
         dist_backend="xccl",
+        container=ContainerFacts(device_node_glob="/dev/dri/renderD*"),
     ),
     "cpu": Backend(
         name="cpu",
@@ -145,6 +149,26 @@ def is_gpu_node(path: str) -> bool:
         return False
     return stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev) in DEVICE_MAJOR_BACKENDS
                                          or os.major(st.st_rdev) == _DRM_MAJOR)
+
+
+def devices_given(root: str = "/") -> list[tuple[str, str]]:
+    """(node, backend) of every GPU a container runtime gave this container, as its nodes show
+    them (`root`: where /dev is, for tests), in the order of their names."""
+    import glob
+
+    found: dict[str, str] = {}
+    for b in BACKENDS.values():
+        pattern = b.container.device_node_glob
+        for node in sorted(glob.glob(os.path.join(root, pattern.lstrip("/")))) if pattern else ():
+            if node not in found and backend_of_device_file(node) == b.name:
+                found[node] = b.name
+    return sorted(found.items(), key=lambda item: _natural(item[0]))
+
+
+def _natural(path: str) -> tuple[str, int]:
+    """/dev/nvidia2 before /dev/nvidia10."""
+    head = path.rstrip("0123456789")
+    return head, int(path[len(head):] or 0)
 
 
 def container_runtime_env(backend_name: str, device_ids: list[str], simulated: bool) -> dict[str, str]:

@@ -52,13 +52,21 @@ def message_dict(msg: Any) -> dict[str, Any]:
     return _ints(_in_field_order(msg, data))
 
 
+def holder_json(holder: pb.Holder) -> dict[str, Any]:
+    """Who holds a lease; `container` the container it is applied to (`vaccel run -- docker
+    run`), None when none."""
+    container = holder.container if holder.HasField("container") else None
+    return {"user": holder.user, "uid": holder.uid, "pid": holder.pid, "command": holder.command,
+            "container": {"id": container.id, "name": container.name, "image": container.image,
+                          "engine": container.engine} if container is not None else None}
+
+
 def status_json(reply: pb.StatusReply) -> dict[str, Any]:
     """The DESIGN.md shape: devices with state and holder, the queue, unleased processes."""
     devices = []
     for d in reply.devices:
         item = message_dict(d)
-        item["holder"] = ({"user": d.holder.user, "uid": d.holder.uid, "pid": d.holder.pid,
-                           "command": d.holder.command} if d.lease_id else None)
+        item["holder"] = holder_json(d.holder) if d.lease_id else None
         item["lease_id"] = d.lease_id or None
         item["since"] = d.since or None
         item["utilization"] = d.utilization if d.utilization >= 0 else None  # null: not measured (simulated, CPU)

@@ -124,3 +124,18 @@ def ancestors(pid: int, proc_root: Path = PROC) -> list[int]:
         chain.append(parent)
         seen.add(parent)
         current = parent
+
+
+def pid_namespace(pid: int | str, proc_root: Path = PROC) -> int | None:
+    """The inode of `pid`'s pid namespace ("self" for ours), None when it is gone."""
+    try:
+        return os.stat(proc_root / str(pid) / "ns" / "pid").st_ino
+    except OSError:
+        return None
+
+
+def in_another_pid_namespace(pid: int, proc_root: Path = PROC) -> bool:
+    """Whether `pid` runs in a pid namespace other than ours: in a container (Docker, podman,
+    nspawn, unshare --pid). False when it is gone."""
+    namespace = pid_namespace(pid, proc_root)
+    return namespace is not None and namespace != pid_namespace("self", proc_root)

@@ -165,6 +165,8 @@ class Ledger:
         self.forget_if_idle(lease.holder.process)
         for member in lease.members:
             self.forget_if_idle(member)
+        if lease.container is not None:
+            self.forget_if_idle(lease.container.init)
         log_event(lease.state if lease.state != HOLDER_EXITED else "exit",
                   f"lease {lease.id} of {lease.holder.user} ended ({lease.state}): {lease.end_reason}",
                   lease_id=lease.id, user=lease.holder.user, device_uuids=lease.devices,

@@ -1,10 +1,12 @@
 """Who may see or do what: every such rule of the broker, in one table (RULES below).
 
 Each action names who may do it: anyone, the holder's user (any process of the uid that
-holds the lease: torchrun ranks, `vaccel run` children, as the kernel identified them), or
-an admin (root, the daemon's own user for a personal broker, or a member of the configured
-admin group; brokerd/core/users.py looks that up). Everyone else is refused with the rule's
-message. An admin's release of someone else's lease is a revoke.
+holds the lease: torchrun ranks, `vaccel run` children, as the kernel identified them), a
+member (a process that joined the lease), a process of the lease's container (as its engine
+and the kernel say: the service finds that out, brokerd/core/container_holds.py), or an admin
+(root, the daemon's own user for a personal broker, or a member of the configured admin group;
+brokerd/core/users.py looks that up; never a process in a container). Everyone else is refused
+with the rule's message. An admin's release of someone else's lease is a revoke.
 
 The service asks `Permissions.require` before each operation it offers; nothing else in
 the daemon decides who may do what (tests/test_permissions.py checks both).
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 from enum import Enum
 from types import MappingProxyType
 
-from brokerd.base.process import Holder, Identity
+from brokerd.base.process import Identity
 from brokerd.leasing.errors import PermissionDenied
 from brokerd.leasing.model import Lease
 
@@ -33,6 +35,7 @@ class Action(Enum):
     GET = "get lease"
     HEARTBEAT = "heartbeat"
     JOIN = "join"
+    ATTACH = "apply a lease to a container"
     RELEASE = "release"
     DRAIN = "drain"
     REPORT = "report"
@@ -44,6 +47,8 @@ class Who(Enum):
 
     ANYONE = "anyone"
     HOLDER_USER = "the holder's user"
+    MEMBER = "a process that joined the lease"
+    LEASE_CONTAINER = "a process of the lease's container"
     ADMIN = "admin"
 
 
@@ -59,6 +64,7 @@ class Rule:
 _ANYONE = frozenset({Who.ANYONE})
 _HOLDER_USER = frozenset({Who.HOLDER_USER})
 _HOLDER_USER_OR_ADMIN = frozenset({Who.HOLDER_USER, Who.ADMIN})
+_HOLDER_USER_OR_MEMBER = frozenset({Who.HOLDER_USER, Who.MEMBER})
 _ADMIN = frozenset({Who.ADMIN})
 
 RULES: Mapping[Action, Rule] = MappingProxyType({
@@ -70,12 +76,15 @@ RULES: Mapping[Action, Rule] = MappingProxyType({
     Action.LIST_ALL: Rule(_ADMIN, (
         "--all lists every user's leases: only root and members of the admin group {admin_group!r} "
         "may; `vaccel status` shows who holds each device")),
-    Action.GET: Rule(_HOLDER_USER_OR_ADMIN, "lease {lease} belongs to {owner}"),
-    # Keeping a lease alive is its holder's business; an admin ends it instead.
-    Action.HEARTBEAT: Rule(_HOLDER_USER, "lease {lease} belongs to {owner}"),
+    Action.GET: Rule(_HOLDER_USER_OR_ADMIN | {Who.MEMBER}, "lease {lease} belongs to {owner}"),
+    # Keeping a lease alive is its holder's business (a member's too: container root joined it,
+    # under another uid); an admin ends it instead.
+    Action.HEARTBEAT: Rule(_HOLDER_USER_OR_MEMBER, "lease {lease} belongs to {owner}"),
     # Joining puts a process inside the lease: an admin has no business there either.
-    Action.JOIN: Rule(_HOLDER_USER, (
-        "lease {lease} belongs to {owner}; only its holder's processes may join it")),
+    Action.JOIN: Rule(_HOLDER_USER | {Who.LEASE_CONTAINER}, (
+        "lease {lease} belongs to {owner}; only its holder's processes may join it (and those of the "
+        "container it was applied to)")),
+    Action.ATTACH: Rule(_HOLDER_USER, "lease {lease} belongs to {owner}; only they may apply it to a container"),
     Action.RELEASE: Rule(_HOLDER_USER_OR_ADMIN, (
         "lease {lease} belongs to {owner}; only they, root or the admin group may release it")),
     Action.DRAIN: Rule(_ADMIN, "draining devices is for root and the {admin_group!r} group"),
@@ -94,19 +103,23 @@ class Permissions:
         self._is_admin = is_admin
         self._admin_group = admin_group
 
-    def allows(self, action: Action, caller: Identity, holder: Holder | None = None) -> bool:
-        """Whether `caller` may do `action` (to a lease of `holder`, where there is one)."""
+    def allows(self, action: Action, caller: Identity, lease: Lease | None = None, *, inside: bool = False) -> bool:
+        """Whether `caller` may do `action` (to `lease`, where there is one); `inside`: the
+        caller runs in the lease's container, as its engine and the kernel say."""
         who = RULES[action].who
         if Who.ANYONE in who:
             return True
-        if Who.HOLDER_USER in who and holder is not None and caller.uid == holder.uid:
+        if lease is not None and (
+                (Who.HOLDER_USER in who and caller.uid == lease.holder.uid)
+                or (Who.MEMBER in who and caller.process in lease.members)
+                or (Who.LEASE_CONTAINER in who and inside)):
             return True
         return Who.ADMIN in who and self._is_admin(caller)
 
-    def require(self, action: Action, caller: Identity, lease: Lease | None = None) -> None:
+    def require(self, action: Action, caller: Identity, lease: Lease | None = None, *, inside: bool = False) -> None:
         """Raise PermissionDenied, with the rule's message, unless `caller` may."""
         holder = lease.holder if lease is not None else None
-        if self.allows(action, caller, holder):
+        if self.allows(action, caller, lease, inside=inside):
             return
         raise PermissionDenied(RULES[action].refusal.format(
             lease=lease.id if lease is not None else "",

@@ -5,6 +5,11 @@ An Allocator decides grants instead of the broker's own queue (Slurm in delegate
 brokerd/addons/slurm/): the acquire path hands it every request, and the status shows
 what it holds and who waits with it. It grants through the service's `adopt_grant` and
 ends through `end_lease`, so the store, the hooks and the end states stay the usual ones.
+
+A ContainerKeeper (brokerd/addons/containers/) confirms the containers leases are applied to
+(`vaccel run -- docker run ...`) with their engine or the kernel, and tells whether a caller
+runs in a lease's container; the core records and watches what it confirms. It stops a
+container itself when its lease ends (a lease hook), and when the core asks (`stop_container`).
 """
 
 from __future__ import annotations
@@ -12,11 +17,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Hashable
 from typing import Any, Protocol
 
-from brokerd.base.process import Holder
+from brokerd.base.process import Holder, Identity
 from brokerd.contract import Requirement
 from brokerd.core.views import OutsideStatus
 from brokerd.core.waiting import QueuedUpdate
-from brokerd.leasing.model import Lease
+from brokerd.leasing.model import ContainerHold, Lease
 from brokerd.state.report import Report
 
 
@@ -48,4 +53,23 @@ class Allocator(Protocol):
 class Reporter(Protocol):
     async def areport(self, since: float, until: float, by: str, viewer_uid: int, viewer_is_admin: bool) -> Report:
         """Usage over a period, grouped `by`; other users' rows only for an admin viewer."""
+        ...
+
+
+class ContainerKeeper(Protocol):
+    async def confirm(self, lease: Lease, caller: Identity, container: str, init_pid: int,
+                      shown: tuple[str, str]) -> ContainerHold:
+        """The container `caller` says it applied `lease` to (the engine's id, or for a rootless
+        engine its init's host pid), as its engine or the kernel confirms it: never on the
+        caller's word. `shown` (name, image) is only shown, where no engine can be asked.
+        Raises LeaseError, saying why, for a container that is not the lease's."""
+        ...
+
+    async def runs_inside(self, caller: Identity, lease: Lease) -> bool:
+        """Whether the caller's process runs in the lease's container, as its engine and the
+        kernel say (a process in a Docker container is uid 0 to the host: its uid tells nothing)."""
+        ...
+
+    def stop_container(self, lease: Lease) -> None:
+        """Stop the lease's container (in the background): its lease ended as it was applied."""
         ...

@@ -10,8 +10,9 @@ here and only here) before handing an operation to the part that does it:
     Governance    limits, time limits, early ends, idle reclaim (brokerd/core/governing.py)
     Expiry        leases ending at their deadlines (brokerd/core/timers.py)
     Inventory     each probe adopted (brokerd/core/inventory.py)
-Add-ons plug in through `add_hook`, `use_allocator` and `use_reporter` (brokerd/core/
-plugins.py) and follow changes through `changes`.
+    ContainerHolds  leases applied to containers (brokerd/core/container_holds.py)
+Add-ons plug in through `add_hook`, `use_allocator`, `use_reporter` and `use_containers`
+(brokerd/core/plugins.py) and follow changes through `changes`.
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ from brokerd.config.loader import Config
 from brokerd.contract import Requirement, evaluate
 from brokerd.core.acquiring import Acquisition
 from brokerd.core.changes import ChangeFeed
+from brokerd.core.container_holds import ContainerHolds
 from brokerd.core.governing import Governance
 from brokerd.core.inventory import Inventory
 from brokerd.core.ledger import Ledger
 from brokerd.core.liveness import ProcessWatcher
 from brokerd.core.permissions import Action, Permissions
-from brokerd.core.plugins import Allocator, Reporter
+from brokerd.core.plugins import Allocator, ContainerKeeper, Reporter
 from brokerd.core.queueing import DurableQueue, Rebuild
 from brokerd.core.tasks import Tasks
 from brokerd.core.timers import Expiry
@@ -82,6 +84,7 @@ class BrokerService:
         self.hooks: list[LeaseHook] = []  # gating, accounting, metrics, Slurm: add_hook
         self._allocator: Allocator | None = None
         self._reporter: Reporter | None = None
+        self._keeper: ContainerKeeper | None = None
         self.waiting = WaitingRoom()
         self.records = WaitRecords()
         self.watcher = ProcessWatcher(self._process_exited)
@@ -104,6 +107,8 @@ class BrokerService:
         self.inventory = Inventory(self.manager, snapshot, config=current, tasks=self.tasks, changes=self.changes,
                                    record_end=self.ledger.record_end, pump_soon=self.ledger.pump_soon,
                                    reclaim_idle=self.governance.reclaim_idle, refresh=refresh)
+        self.holds = ContainerHolds(self.manager, store, watcher=self.watcher, changes=self.changes,
+                                    keeper=lambda: self._keeper, forget_if_idle=self.ledger.forget_if_idle)
 
     def _current_config(self) -> Config:
         return self._config
@@ -122,6 +127,10 @@ class BrokerService:
         """Answer usage reports from `reporter` (the accounting)."""
         self._reporter = reporter
 
+    def use_containers(self, keeper: ContainerKeeper) -> None:
+        """Let `keeper` confirm the containers leases are applied to, and who runs inside them."""
+        self._keeper = keeper
+
     # -- lifecycle ---------------------------------------------------------------------
 
     def restore(self, active: list[Lease], ended: list[Lease], drained: dict[str, str] | None = None) -> None:
@@ -139,12 +148,12 @@ class BrokerService:
             # A reservation is held by its user: the command that booked it is long gone.
             alive = restored.reservation or self.watcher.watch(lease.holder.process)
             restored.members = {m for m in lease.members if self.watcher.watch(m)}
-            if alive:
+            gone = self.holds.restore(restored, alive)
+            if not gone:
                 log_event("restore", f"lease {lease.id} restored for {lease.holder.user}",
                           lease_id=lease.id, user=lease.holder.user, device_uuids=lease.devices)
             else:
-                ended_lease = manager.end(
-                    lease.id, HOLDER_EXITED, f"holder pid {lease.holder.pid} exited while the broker was down")
+                ended_lease = manager.end(lease.id, HOLDER_EXITED, f"{gone} exited while the broker was down")
                 self.tasks.keep(self.ledger.record_end(ended_lease))
         # Leases on devices that vanished while the daemon was down end now; devices used
         # without a lease are held back.
@@ -222,8 +231,11 @@ class BrokerService:
 
     async def join(self, identity: Identity, lease_id: str) -> Lease:
         """The caller's process becomes a member of the lease (its end is watched, and it
-        is recorded so a restart keeps it)."""
-        self.permissions.require(Action.JOIN, identity, self.manager.active(lease_id))
+        is recorded so a restart keeps it); from inside the lease's container, whatever its uid."""
+        lease = self.manager.active(lease_id)
+        inside = not self.permissions.allows(Action.JOIN, identity, lease) and await self.holds.runs_inside(
+            identity, lease)
+        self.permissions.require(Action.JOIN, identity, lease, inside=inside)
         lease = self.manager.join(lease_id, identity.process)
         if identity.process in lease.members and self.watcher.watch(identity.process):
             await self.store.save_members(lease)
@@ -244,6 +256,13 @@ class BrokerService:
         except Exception as exc:
             raise Internal(f"the broker could not record the release durably: {exc}") from exc
         return lease
+
+    async def attach_container(self, identity: Identity, lease_id: str, container: str, init_pid: int = 0, *,
+                               held: bool = False, warn_signal: int = 0, shown: tuple[str, str] = ("", "")) -> Lease:
+        """Apply the caller's lease to the container it started for it (ContainerHolds.attach)."""
+        self.permissions.require(Action.ATTACH, identity, self.manager.active(lease_id))
+        return await self.holds.attach(identity, lease_id, container, init_pid, held=held, warn_signal=warn_signal,
+                                       shown=shown)
 
     async def drain(self, identity: Identity, device: str, reason: str, undo: bool) -> DeviceView:
         """Admins take a device out of the pool (by uuid or index) or put it back."""

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from brokerd.base.groups import BOOK
 from brokerd.base.process import Holder, Identity
-from brokerd.base.procinfo import process_info, user_name
+from brokerd.base.procinfo import in_another_pid_namespace, process_info, user_name
 
 NAME_TTL_S = 300.0
 ADMIN_TTL_S = 60.0
@@ -35,7 +35,10 @@ class UserDirectory:
         return cached[0]
 
     def is_admin(self, identity: Identity) -> bool:
-        """Root, the daemon's own user (a personal broker), and the admin group."""
+        """Root, the daemon's own user (a personal broker), and the admin group; never a process
+        in a container (another pid namespace): its root is uid 0 to the host, not the host's root."""
+        if in_another_pid_namespace(identity.pid):
+            return False
         if identity.uid in (0, os.geteuid()):
             return True
         cached = self._admins.get(identity.uid)

@@ -1,7 +1,8 @@
 """Which optional parts the config turns on, built and plugged into the core in one place:
-the lease hooks (device-node gating, Slurm, accounting, metrics, dcgm-exporter's job
-mapping), the outside allocator (Slurm in delegate mode), and the extra servers (metrics,
-dashboard) that start beside the gRPC socket. A part that is off adds nothing."""
+the lease hooks (device-node gating, Slurm, accounting, the containers leases are applied
+to, metrics, dcgm-exporter's job mapping), the outside allocator (Slurm in delegate mode),
+and the extra servers (metrics, dashboard) that start beside the gRPC socket. A part that is
+off adds nothing."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from brokerd.addons.containers.keeper import ContainerKeeper
 from brokerd.addons.job_mapping import JobMapping
 from brokerd.config.loader import Config
 from brokerd.core.service import BrokerService
@@ -25,6 +27,7 @@ class AddOns:
     """What was plugged in, to start and stop with the daemon (None: off)."""
 
     accounting: Accounting
+    containers: ContainerKeeper
     gate: Any = None  # brokerd.addons.enforce.gate.DeviceGate
     delegate: Any = None  # brokerd.addons.slurm.delegate.SlurmDelegate
     metrics: Any = None  # brokerd.addons.metrics.MetricsHook
@@ -56,16 +59,21 @@ def plug_in(config: Config, service: BrokerService) -> AddOns:
 
         metrics = MetricsHook(service)
         service.add_hook(metrics)
+    # Always: a rootless container needs no engine configured, the kernel answers for it.
+    containers = ContainerKeeper(service)
+    service.add_hook(containers)
+    service.use_containers(containers)
+    service.changes.subscribe(containers.changed)
     if config.metrics_job_mapping_dir is not None:
         mapping = JobMapping(config.metrics_job_mapping_dir,
                              lambda uuid: device.index if (device := service.device(uuid)) else None)
         service.add_hook(mapping)
-    return AddOns(accounting, gate, delegate, metrics, mapping)
+    return AddOns(accounting, containers, gate, delegate, metrics, mapping)
 
 
 async def start_servers(config: Config, service: BrokerService, added: AddOns) -> list[Closer]:
     """Start what the plugged-in parts run beside the gRPC socket; return how to stop each."""
-    closers: list[Closer] = []
+    closers: list[Closer] = [added.containers.close]
     if added.gate is not None:
         closers.append(added.gate.close)
     added.accounting.start()

@@ -20,14 +20,19 @@ from brokerd.core.service import BrokerService
 from brokerd.core.views import DeviceView, OutsideStatus
 from brokerd.devices.model import UTILISATION_KEY, Device
 from brokerd.devices.nodes import gate_problem
-from brokerd.leasing.model import Lease, heartbeat_interval
+from brokerd.leasing.model import ContainerHold, Lease, heartbeat_interval
 from brokerd.state.report import Report, ReportRow
 from vaccel_common.v1 import broker_pb2 as pb
 
 
-def fill_holder(msg: pb.Holder, h: Holder) -> None:
-    """Set a message's holder in place (a Holder built and copied in is two)."""
+def fill_holder(msg: pb.Holder, h: Holder, container: ContainerHold | None = None) -> None:
+    """Set a message's holder in place (a Holder built and copied in is two), with the
+    container its lease is applied to."""
     msg.user, msg.uid, msg.pid, msg.command = h.user, h.uid, h.pid, h.command
+    if container is not None:
+        shown = msg.container
+        shown.id, shown.name, shown.image = container.id, container.name, container.image
+        shown.engine = container.engine
 
 
 def device_pb(device: Device, state: str = "", lease: Lease | None = None, drain_reason: str = "",
@@ -51,7 +56,7 @@ def device_pb(device: Device, state: str = "", lease: Lease | None = None, drain
 
 def _add_lease(msg: pb.Device, lease: Lease) -> None:
     msg.lease_id = lease.id
-    fill_holder(msg.holder, lease.holder)
+    fill_holder(msg.holder, lease.holder, lease.container)
     if lease.reservation:
         msg.holder.pid = 0  # held by the user: the command that booked it has gone
     msg.since = lease.granted_at
@@ -88,7 +93,7 @@ def lease_pb(lease: Lease, *, ttl_s: float, device: Callable[[str], Device | Non
         reservation=lease.reservation, requested_at=lease.requested_at, notice=lease.notice,
         time_limit_s=lease.time_limit_s, slurm_job_id=job_id,
     )
-    fill_holder(msg.holder, lease.holder)
+    fill_holder(msg.holder, lease.holder, lease.container)
     for uuid in lease.devices:
         found = device(uuid)
         if found is not None:

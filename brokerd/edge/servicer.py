@@ -22,7 +22,13 @@ from brokerd.core.waiting import QueuedUpdate
 from brokerd.edge.identity import TokenAuthority, TokenError
 from brokerd.edge.messages import held_pb, lease_pb, report_pb, status_reply, view_pb
 from brokerd.edge.status_cache import StatusCache
-from brokerd.edge.validation import acquire_problem, check_problem, release_problem, report_problem
+from brokerd.edge.validation import (
+    acquire_problem,
+    attach_problem,
+    check_problem,
+    release_problem,
+    report_problem,
+)
 from brokerd.edge.work_guard import WorkGuard
 from brokerd.leasing.errors import Busy, LeaseError, Unsatisfiable
 from brokerd.leasing.model import Lease
@@ -182,6 +188,18 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         identity = await self._identity(context)
         try:
             lease = await self.service.join(identity, request.lease_id)
+        except LeaseError as exc:
+            await self._fail(context, exc)
+        return self.lease_pb(lease)
+
+    async def AttachContainer(self, request: pb.AttachContainerRequest, context: grpc.aio.ServicerContext
+                              ) -> pb.Lease:
+        identity = await self._identity(context)
+        await self._refuse_invalid(context, attach_problem(request))
+        try:
+            lease = await self.service.attach_container(
+                identity, request.lease_id, request.container_id, request.init_pid, held=request.held,
+                warn_signal=request.warn_signal, shown=(request.name, request.image))
         except LeaseError as exc:
             await self._fail(context, exc)
         return self.lease_pb(lease)

@@ -53,6 +53,15 @@ def release_problem(request: pb.ReleaseRequest) -> str:
     return ""
 
 
+def attach_problem(request: pb.AttachContainerRequest) -> str:
+    """Why an AttachContainer request cannot be taken, "" when it can."""
+    if not request.container_id and not request.init_pid:
+        return "name the container: its id, or for a rootless engine its init's pid"
+    if len(request.container_id) > 128 or len(request.name) > 256 or len(request.image) > 1024:
+        return "container id, name or image too long"
+    return ""
+
+
 def report_problem(request: pb.ReportRequest) -> str:
     """Why a Report request cannot be taken, "" when it can."""
     if request.by not in ("", *REPORT_BY):

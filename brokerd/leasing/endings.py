@@ -1,8 +1,9 @@
 """When and how a lease ends, as pure rules over a lease, the time and the broker's TTL
 and maximum duration: the lease manager applies them (brokerd/leasing/manager.py).
 
-A lease ends on release, on its holder's exit, after `ttl_s` without a heartbeat (not a
-reservation: its user holds it, not a process), or at `expires_at`: its time limit, else
+A lease ends on release, on its holder's exit (or its container's), after `ttl_s` without a
+heartbeat (not a reservation, whose user holds it, nor a lease a container holds), or at
+`expires_at`: its time limit, else
 the maximum duration, or sooner when an early end was announced (a revoke with grace, an
 idle reclaim), in the state that announcement named.
 """
@@ -24,7 +25,7 @@ def end_of(granted_at: float, time_limit_s: float, max_duration_s: float) -> flo
 
 def deadline(lease: Lease, ttl_s: float) -> float:
     """When the lease ends if nothing changes (inf: never)."""
-    silent_at = math.inf if lease.reservation else lease.last_heartbeat + ttl_s
+    silent_at = lease.last_heartbeat + ttl_s if lease.beats else math.inf
     return min(silent_at, lease.expires_at) if lease.expires_at else silent_at
 
 
@@ -32,7 +33,7 @@ def due(lease: Lease, now: float, ttl_s: float, max_duration_s: float) -> tuple[
     """The state and reason the lease ends in at `now`, None while it runs on."""
     if lease.expires_at and now >= lease.expires_at:
         return at_its_end(lease, max_duration_s)
-    if not lease.reservation and now - lease.last_heartbeat > ttl_s:
+    if lease.beats and now - lease.last_heartbeat > ttl_s:
         silent = format_duration(now - lease.last_heartbeat)
         return EXPIRED, f"no heartbeat for {silent} (TTL {format_duration(ttl_s)})"
     return None
@@ -47,10 +48,19 @@ def at_its_end(lease: Lease, max_duration_s: float) -> tuple[str, str]:
     return EXPIRED, f"reached the maximum lease duration of {format_duration(max_duration_s)}"
 
 
+def held_by(lease: Lease, process: ProcessId) -> bool:
+    """Whether the exit of `process` ends the lease: its holder's (not a reservation's: its
+    user holds it, not the process that asked), or its container's init."""
+    return ((lease.holder.process == process and not lease.reservation)
+            or (lease.container is not None and lease.container.init == process))
+
+
 def on_exit(lease: Lease, process: ProcessId, now: float, max_duration_s: float) -> tuple[str, str]:
     """How a lease ends when its holder exits: at or after its end (the holder stopped
     because its time was up) or after being told of a revoke, as that end; else as
     holder_exited."""
     if (lease.expires_at and now >= lease.expires_at) or lease.ending_state == REVOKED:
         return at_its_end(lease, max_duration_s)
+    if lease.container is not None and lease.container.init == process:
+        return HOLDER_EXITED, f"container {lease.container.name or lease.container.id[:12]} exited"
     return HOLDER_EXITED, f"holder pid {process.pid} exited"

@@ -42,6 +42,7 @@ from brokerd.leasing.model import (
     RELEASED,
     REVOKED,
     Ask,
+    ContainerHold,
     Grant,
     Lease,
     LeaseTerms,
@@ -275,6 +276,14 @@ class LeaseManager:
             lease.members.add(process)
         return lease
 
+    def hold_by_container(self, lease_id: str, hold: ContainerHold) -> Lease:
+        """Apply the lease to a confirmed container, whose init's exit ends it (`held`: and no other's)."""
+        lease = self.active(lease_id)
+        lease.container = hold
+        if hold.held:
+            lease.holder = replace(lease.holder, pid=hold.init.pid, start_time=hold.init.start_time)
+        return lease
+
     def release(self, lease_id: str, by_uid: int, reason: str = "") -> Lease:
         """End a lease on request: released when its holder's user asks, revoked when
         someone else does (permissions let only an admin get this far)."""
@@ -322,14 +331,9 @@ class LeaseManager:
         return endings.deadline(lease, self.ttl_s)
 
     def process_exited(self, process: ProcessId) -> tuple[list[Lease], list[Request]]:
-        """The kernel says this process is gone: end its leases, drop its queued requests,
-        forget it as a member."""
-        # A reservation is held by its user, not by the process that asked for it.
-        ended = [
-            self._end(lease, *endings.on_exit(lease, process, self._clock(), self.max_duration_s))
-            for lease in list(self.leases.values())
-            if lease.holder.process == process and not lease.reservation
-        ]
+        """The kernel says it is gone: end its leases, drop its queued requests, forget it as a member."""
+        ended = [self._end(lease, *endings.on_exit(lease, process, self._clock(), self.max_duration_s))
+                 for lease in list(self.leases.values()) if endings.held_by(lease, process)]
         for lease in self.leases.values():
             lease.members.discard(process)
         dropped = [r for r in self.queue if r.holder.process == process]
@@ -343,7 +347,9 @@ class LeaseManager:
         # Compared field by field: building a ProcessId per lease and request made this
         # the largest cost of a release on a host with hundreds waiting.
         return (any((lease.holder.pid == pid and lease.holder.start_time == start and not lease.reservation)
-                    or (lease.members and process in lease.members) for lease in self.leases.values())
+                    or (lease.members and process in lease.members)
+                    or (lease.container is not None and lease.container.init == process)
+                    for lease in self.leases.values())
                 or any(r.holder.pid == pid and r.holder.start_time == start for r in self.queue))
 
     def end(self, lease_id: str, state: str, reason: str) -> Lease:

@@ -29,6 +29,22 @@ class LeaseTerms:
     accelerator_config_yaml: str = ""
 
 
+@dataclass(frozen=True)
+class ContainerHold:
+    """The container a lease is applied to (`vaccel run -- docker run ...`), as its engine
+    (rootful) or the kernel (rootless) confirmed it: the lease ends when `init` exits, and
+    its end stops the container (brokerd/addons/containers/). `held`: the container holds
+    the lease alone (`docker run -d`): `init` is then its holder, and no heartbeat is due."""
+
+    engine: str  # "docker" | "podman" | "podman-rootless"
+    id: str  # the engine's full id
+    name: str
+    image: str
+    init: ProcessId  # the container's init, as a host process
+    held: bool = False
+    warn_signal: int = 0  # sent before a time limit or a revoke with grace to those that catch it; 0 none
+
+
 @dataclass
 class Lease:
     id: str
@@ -53,10 +69,17 @@ class Lease:
     # The client's key for the request it was granted on: the same process asking again
     # under it (the reply was lost) gets this lease back (brokerd/core/acquiring.py).
     request_key: str = ""
+    container: ContainerHold | None = None  # the container it is applied to
 
     @property
     def active(self) -> bool:
         return self.state == ACTIVE
+
+    @property
+    def beats(self) -> bool:
+        """Whether a heartbeat keeps it: not a reservation (its user holds it) nor a lease a
+        container holds (its init's exit ends it)."""
+        return not self.reservation and not (self.container is not None and self.container.held)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from pathlib import Path
 from brokerd.base.process import Holder, ProcessId
 from brokerd.contract import CheckLine
 from brokerd.leasing.model import ACTIVE, Lease, LeaseTerms
+from brokerd.state.container_row import container_from_text, container_text
 from brokerd.state.queue_record import WaitRecord
 from brokerd.state.writer import Commits, Op, StateError, Then
 
@@ -41,7 +42,7 @@ __all__ = ["DB_NAME", "DURABILITY", "SCHEMA_VERSION", "LeaseStore", "StateError"
 
 log = logging.getLogger("vaccel.brokerd")
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # Columns each older version lacks, added in place at start-up (after the read-only checks).
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -52,6 +53,7 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         "ALTER TABLE leases ADD COLUMN ending_state TEXT NOT NULL DEFAULT ''",
     ),
     2: ("ALTER TABLE leases ADD COLUMN request_key TEXT NOT NULL DEFAULT ''",),
+    3: ("ALTER TABLE leases ADD COLUMN container TEXT NOT NULL DEFAULT ''",),
 }
 DB_NAME = "leases.db"
 _HISTORY_DAYS = 30
@@ -70,7 +72,8 @@ CREATE TABLE IF NOT EXISTS leases (
     members TEXT NOT NULL DEFAULT '[]',
     requested_at REAL NOT NULL DEFAULT 0, reservation INTEGER NOT NULL DEFAULT 0,
     notice TEXT NOT NULL DEFAULT '', time_limit_s REAL NOT NULL DEFAULT 0,
-    ending_state TEXT NOT NULL DEFAULT '', request_key TEXT NOT NULL DEFAULT ''
+    ending_state TEXT NOT NULL DEFAULT '', request_key TEXT NOT NULL DEFAULT '',
+    container TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS holdings (
     device_uuid TEXT PRIMARY KEY,
@@ -107,7 +110,7 @@ def _lease_row(lease: Lease) -> tuple:
         lease.ended_at, lease.end_reason, json.dumps(asdict(lease.terms)),
         json.dumps([asdict(w) for w in lease.warnings]), int(lease.simulated),
         json.dumps(sorted(lease.members)), lease.requested_at, int(lease.reservation), lease.notice,
-        lease.time_limit_s, lease.ending_state, lease.request_key,
+        lease.time_limit_s, lease.ending_state, lease.request_key, container_text(lease.container),
     )
 
 
@@ -147,6 +150,7 @@ def _lease_from_row(row: sqlite3.Row) -> Lease:
         time_limit_s=row["time_limit_s"],
         ending_state=row["ending_state"],
         request_key=row["request_key"],
+        container=container_from_text(row["container"]),
     )
 
 
@@ -298,6 +302,15 @@ class LeaseStore:
             conn.execute("UPDATE leases SET expires_at=?, notice=?, ending_state=? WHERE id=?", args)
 
         return self._submit(op, fsync=lease.reservation)
+
+    def save_holder(self, lease: Lease) -> asyncio.Future[None]:
+        """The lease was applied to a container, which may hold it now (its init the holder)."""
+        args = (lease.holder.pid, lease.holder.start_time, container_text(lease.container), lease.id)
+
+        def op(conn: sqlite3.Connection) -> None:
+            conn.execute("UPDATE leases SET pid=?, start_time=?, container=? WHERE id=?", args)
+
+        return self._submit(op)
 
     def save_members(self, lease: Lease) -> asyncio.Future[None]:
         args = (json.dumps(sorted(lease.members)), lease.id)

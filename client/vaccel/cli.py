@@ -162,9 +162,6 @@ def _container_run(command: list[str]) -> ContainerRun | None:
         run = recognise(command)
         if run is not None:
             container_rules.check(run)
-            if run.detached:
-                raise ContainerRefused(f"{run.engine} run -d: the container would outlive its lease, which ends when "
-                                       "vaccel run returns; run it in the foreground")
     except ContainerRefused as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
     return run

@@ -29,14 +29,15 @@ def current_lease() -> Lease | None:
 
     A `vaccel run` command has no lease object of its own: its lease is in its environment
     (VACCEL_LEASE_ID), and `with vaccel.lease()` there joins it. Inside a Slurm job that
-    holds GPUs it is the job's allocation (slurm_job.py)."""
+    holds GPUs it is the job's allocation (slurm_job.py), inside a container that its runtime
+    gave GPUs and that reaches no broker the GPUs it was given (container_job.py)."""
     # Entries leave the table when their `with` block exits; a lease lost meanwhile stays,
     # so that using it raises LeaseLost rather than quietly falling back to the CPU.
     for pid, entered in reversed(list(leasing._ENTERED.values())):
         return entered if pid == os.getpid() else entered.forked_view()
-    from vaccel import slurm_job  # inside a Slurm job with GPUs, the job's allocation is the lease
+    from vaccel import container_job, slurm_job
 
-    return slurm_job.job_lease()
+    return slurm_job.job_lease() or container_job.container_lease()
 
 
 def init_accelerator(**options: Any) -> Accelerator:

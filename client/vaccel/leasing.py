@@ -141,10 +141,13 @@ class lease:
                 "be using the wrong device; create the lease before any device call "
                 "(e.g. at the top of the script) or run the script with `vaccel run`"
             )
-        from vaccel import slurm_job  # inside a Slurm job the job's allocation is the lease
+        # Inside a Slurm job the job's allocation is the lease, inside a container given GPUs and
+        # no broker the GPUs it was given.
+        from vaccel import container_job, slurm_job
 
-        job = slurm_job.lease_for(self.request.gpus, contract=self.request.contract, config=self.request.config,
-                                  socket=self.socket, in_process=True)
+        asked = dict(contract=self.request.contract, config=self.request.config, socket=self.socket, in_process=True)
+        job = (slurm_job.lease_for(self.request.gpus, **asked)  # type: ignore[arg-type]
+               or container_job.lease_for(self.request.gpus, **asked))  # type: ignore[arg-type]
         if job is not None:
             return self._enter_job(job)
         inherited = os.environ.get("VACCEL_LEASE_ID")

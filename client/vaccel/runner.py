@@ -160,17 +160,21 @@ def run_under_lease(
     signal.pthread_sigmask(signal.SIG_BLOCK, _WAITED)
     wake = _Waker()
     try:
-        from vaccel import slurm_job  # inside a Slurm job the job's allocation is the lease: no broker
+        # Inside a Slurm job the job's allocation is the lease, inside a container given GPUs and
+        # no broker the GPUs it was given: no broker is asked.
+        from vaccel import container_job, slurm_job
 
-        job = None if lease_id else slurm_job.lease_for(gpus, contract=contract, config=config, socket=socket,
-                                                        in_process=False)
+        job = None if lease_id else (
+            slurm_job.lease_for(gpus, contract=contract, config=config, socket=socket, in_process=False)
+            or container_job.lease_for(gpus, contract=contract, config=config, socket=socket, in_process=False))
         if job is not None:
+            source = "this container's GPUs" if job.id.startswith(container_job.PREFIX) else "Slurm job"
             if container is not None:
                 from vaccel.containers import ContainerRefused
 
-                raise ContainerRefused(f"{container.engine} run inside a Slurm job: the job's GPUs are not given "
-                                       "to containers by vaccel; run the engine without vaccel run")
-            _announce(False, job, " (Slurm job)")
+                raise ContainerRefused(f"{container.engine} run inside a {source}: its GPUs are not given to "
+                                       "containers by vaccel; run the engine without vaccel run")
+            _announce(False, job, f" ({source})")
             return _supervise(command, slurm_job.NoSession(), job, child_env(job, None), wake)  # type: ignore[arg-type]
         request = LeaseRequest(gpus=gpus, min_memory_mib=min_memory_mib, wait=wait, contract=contract, config=config,
                                command=" ".join(map(argv_text, command)), time=time_limit, devices=devices)
@@ -203,19 +207,18 @@ def run_under_lease(
 
 def _supervise_container(container: ContainerRun, session: LeaseSession, lease_obj: Lease, socket: str | None,
                          wake: _Waker, ending: _Ending) -> int:
-    """Run a container engine's `run` with the lease applied to the container (imported
-    here: a plain `vaccel run` does not pay for it)."""
-    import tempfile
-
-    from vaccel import container_argv
+    """Run a container engine's `run` with the lease applied to the container, which the lease
+    then follows (vaccel/container_hold.py; imported here: a plain `vaccel run` does not pay for it)."""
+    from vaccel.container_hold import run_container
     from vaccel_common.paths import client_socket
 
     # The engine's client catches every signal and passes it on to the container, whose command
-    # may not handle the warning signal and would die of it: the coming end is only printed.
-    ending.warn_signal = None
-    with tempfile.TemporaryDirectory(prefix="vaccel-ct-") as folder:
-        command, _ = container_argv.for_lease(container, lease_obj, client_socket(socket), folder)
-        return _supervise(command, session, lease_obj, child_env(lease_obj, session.config_path), wake, ending)
+    # may not handle the warning signal and would die of it: the broker sends it to the container's
+    # processes that catch it, and here the coming end is only printed.
+    warn_signal, ending.warn_signal = ending.warn_signal, None
+    env = child_env(lease_obj, session.config_path)
+    return run_container(container, session, lease_obj, client_socket(socket), warn_signal,
+                         lambda command: _supervise(command, session, lease_obj, env, wake, ending))
 
 
 def _announce(quiet: bool, lease_obj: Lease, source: str = "") -> None:

@@ -33,6 +33,7 @@ from vaccel.connection import BrokerConnection, BrokerUnavailable
 from vaccel.contract_files import ContractFiles, load_contract_files
 from vaccel.grpc_lazy import grpc
 from vaccel.lease_types import Lease, LeaseEnding, LeaseError, ended_reason
+from vaccel_common.ending_notice import warning_lead_s
 from vaccel_common.units import format_duration, parse_duration, parse_time_limit
 from vaccel_common.v1 import broker_pb2 as pb
 
@@ -71,12 +72,6 @@ def time_limit_s(value: float | str | None) -> float:
         raise ValueError(f"a time limit of {value!r} is absurd: at most 366 days (the broker's policy "
                          "may allow far less; `vaccel status` shows it)")
     return seconds
-
-
-def warning_lead_s(time_limit: float) -> float:
-    """How long before a time limit the holder is warned: a tenth of the limit, between
-    1 second and 5 minutes (a 2 h job hears at 1 h 55 m, a 30 s test at 27 s)."""
-    return min(300.0, max(1.0, time_limit / 10)) if time_limit else 300.0
 
 
 class _RequestFields(NamedTuple):
@@ -311,6 +306,12 @@ class LeaseSession:
                       "the broker reclaims it when this process exits")
             return False
         return True
+
+    def hand_over(self) -> None:
+        """Something else holds the lease now (a container started with -d): it is neither
+        beaten nor released from here any more."""
+        self._stop_heartbeat()
+        self.lease = None
 
     def close(self) -> None:
         """Stop the heartbeat and close the connection (without releasing: see release())."""

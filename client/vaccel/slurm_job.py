@@ -84,7 +84,7 @@ def lease_for(gpus: int, *, contract: str | os.PathLike[str] | None, config: str
         raise LeaseError(
             f"Slurm job {os.environ['SLURM_JOB_ID']} holds {len(held.devices)} GPU(s) and {gpus} were asked for: "
             f"submit with --gres=gpu:{gpus}", code="slurm_too_few_gpus")
-    _check_contract(held, contract, config, socket, in_process)
+    check_contract(held, contract, config, socket, in_process)
     return held
 
 
@@ -102,7 +102,7 @@ def _build(env: Mapping[str, str], gpus: list[int]) -> Lease:
     # 0..n-1 where Slurm confines the job's devices (cgroups), the node's indices otherwise.
     shown = env.get(b.visible_devices_vars[0], "") if b.visible_devices_vars else ""
     ids = [i for i in shown.split(",") if i] or [str(i) for i in gpus]
-    simulated = any(_no_driver(p) for p in paths if p)
+    simulated = any(no_driver(p) for p in paths if p)
     msg = pb.Lease(id=lease_id(env), backend=b.name, simulated=simulated, state="active")
     for index, path, visible in zip(gpus, paths, ids, strict=False):
         msg.devices.add(index=index, uuid=path or f"gres-gpu-{index}", name=os.path.basename(path) if path else "gpu",
@@ -110,7 +110,7 @@ def _build(env: Mapping[str, str], gpus: list[int]) -> Lease:
     return Lease(msg, joined=False)
 
 
-def _no_driver(path: str) -> bool:
+def no_driver(path: str) -> bool:
     """A device file with no driver behind it (a fake GPU, an unloaded module)."""
     try:
         os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
@@ -177,7 +177,7 @@ def _backend_of(paths: list[str], env: Mapping[str, str]) -> str:
     return ""
 
 
-def _check_contract(held: Lease, contract: str | os.PathLike[str] | None, config: str | os.PathLike[str] | None,
+def check_contract(held: Lease, contract: str | os.PathLike[str] | None, config: str | os.PathLike[str] | None,
                     socket: str | os.PathLike[str] | None, in_process: bool) -> None:
     """Check the contract with the node's broker, or say plainly that it was not checked."""
     from vaccel.contract_files import load_contract_files

@@ -26,7 +26,7 @@ def render_status(reply: pb.StatusReply) -> str:
         if d.lease_id.startswith("slurm-"):  # a Slurm job vaccel did not make: "slurm job 42 (alice)"
             holder = d.holder.command
         elif d.lease_id:
-            holder = f"{d.holder.user} ({f'pid {d.holder.pid}' if d.holder.pid else 'reserved'})"
+            holder = f"{d.holder.user} ({holder_detail(d.holder)})"
             if d.time_left_s:
                 holder += f", {format_duration(d.time_left_s)} left"
         state = d.state if d.healthy else f"{d.state}: {d.health_reason}"
@@ -70,3 +70,10 @@ def render_status(reply: pb.StatusReply) -> str:
             out.append(f"gpu{index.get(p.device_uuid, '?')}: IN USE WITHOUT LEASE by {p.user or p.uid}: "
                        f"pid {p.pid} {p.command}, {format_mib(p.used_memory_mib)}")
     return "\n".join(out)
+
+
+def holder_detail(holder: pb.Holder) -> str:
+    """What holds the lease besides its user: "container zhang-pytorch", "pid 4242", "reserved"."""
+    if holder.HasField("container"):
+        return f"container {holder.container.name or holder.container.id[:12]}"
+    return f"pid {holder.pid}" if holder.pid else "reserved"

@@ -7,16 +7,48 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Holder(_message.Message):
-    __slots__ = ("user", "uid", "pid", "command")
+    __slots__ = ("user", "uid", "pid", "command", "container")
     USER_FIELD_NUMBER: _ClassVar[int]
     UID_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_FIELD_NUMBER: _ClassVar[int]
     user: str
     uid: int
     pid: int
     command: str
-    def __init__(self, user: _Optional[str] = ..., uid: _Optional[int] = ..., pid: _Optional[int] = ..., command: _Optional[str] = ...) -> None: ...
+    container: ContainerHolder
+    def __init__(self, user: _Optional[str] = ..., uid: _Optional[int] = ..., pid: _Optional[int] = ..., command: _Optional[str] = ..., container: _Optional[_Union[ContainerHolder, _Mapping]] = ...) -> None: ...
+
+class ContainerHolder(_message.Message):
+    __slots__ = ("id", "name", "image", "engine")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    image: str
+    engine: str
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., image: _Optional[str] = ..., engine: _Optional[str] = ...) -> None: ...
+
+class AttachContainerRequest(_message.Message):
+    __slots__ = ("lease_id", "container_id", "init_pid", "held", "warn_signal", "name", "image")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
+    INIT_PID_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    WARN_SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    container_id: str
+    init_pid: int
+    held: bool
+    warn_signal: int
+    name: str
+    image: str
+    def __init__(self, lease_id: _Optional[str] = ..., container_id: _Optional[str] = ..., init_pid: _Optional[int] = ..., held: _Optional[bool] = ..., warn_signal: _Optional[int] = ..., name: _Optional[str] = ..., image: _Optional[str] = ...) -> None: ...
 
 class Device(_message.Message):
     __slots__ = ("index", "uuid", "vendor", "name", "memory_mib", "pci_bus_id", "arch", "driver_version", "memory_bandwidth_gbps", "healthy", "health_reason", "simulated", "numa_node", "backend", "state", "lease_id", "holder", "since", "memory_used_mib", "interconnect_group", "runtime_version", "compute_capability", "visible_id", "drain_reason", "gated", "time_left_s", "device_nodes", "utilization", "gate_reason")

@@ -89,6 +89,11 @@ class BrokerStub:
                 request_serializer=vaccel_dot_v1_dot_broker__pb2.ReportRequest.SerializeToString,
                 response_deserializer=vaccel_dot_v1_dot_broker__pb2.ReportReply.FromString,
                 _registered_method=True)
+        self.AttachContainer = channel.unary_unary(
+                '/vaccel.v1.Broker/AttachContainer',
+                request_serializer=vaccel_dot_v1_dot_broker__pb2.AttachContainerRequest.SerializeToString,
+                response_deserializer=vaccel_dot_v1_dot_broker__pb2.Lease.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -176,6 +181,15 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AttachContainer(self, request, context):
+        """Apply the caller's lease to the container it started for it (`vaccel run -- docker run`):
+        the broker confirms the container with its engine or the kernel, never on the caller's
+        word; then the container's exit ends the lease and any end of the lease stops it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -233,6 +247,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.Report,
                     request_deserializer=vaccel_dot_v1_dot_broker__pb2.ReportRequest.FromString,
                     response_serializer=vaccel_dot_v1_dot_broker__pb2.ReportReply.SerializeToString,
+            ),
+            'AttachContainer': grpc.unary_unary_rpc_method_handler(
+                    servicer.AttachContainer,
+                    request_deserializer=vaccel_dot_v1_dot_broker__pb2.AttachContainerRequest.FromString,
+                    response_serializer=vaccel_dot_v1_dot_broker__pb2.Lease.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -532,6 +551,33 @@ class Broker:
             '/vaccel.v1.Broker/Report',
             vaccel_dot_v1_dot_broker__pb2.ReportRequest.SerializeToString,
             vaccel_dot_v1_dot_broker__pb2.ReportReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AttachContainer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vaccel.v1.Broker/AttachContainer',
+            vaccel_dot_v1_dot_broker__pb2.AttachContainerRequest.SerializeToString,
+            vaccel_dot_v1_dot_broker__pb2.Lease.FromString,
             options,
             channel_credentials,
             insecure,

@@ -12,31 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
 import aiohttp
 
+from brokerd.addons.containers.info import ContainerInfo, EngineError
+
+__all__ = ["DEFAULT_TIMEOUT_S", "ContainerInfo", "EngineClient", "EngineError"]
+
 DEFAULT_TIMEOUT_S = 5.0
-
-
-class EngineError(Exception):
-    """The engine could not be asked, or answered with an error; the message says which."""
-
-
-@dataclass(frozen=True)
-class ContainerInfo:
-    """One container as its engine describes it."""
-
-    engine: str  # "docker" | "podman"
-    id: str  # the full id
-    name: str  # without Docker's leading "/"
-    image: str  # as the user named it (Config.Image), not the digest
-    pid: int  # State.Pid: the container's init, as a host pid; 0 when it is not running
-    running: bool
-    labels: Mapping[str, str] = field(default_factory=dict)
 
 
 class EngineClient:
@@ -93,9 +78,19 @@ class EngineClient:
                 engine=self.engine, id=str(doc["Id"]), name=str(doc.get("Name", "")).lstrip("/"),
                 image=str(config.get("Image") or doc.get("ImageName") or doc.get("Image") or ""),
                 pid=int(state.get("Pid") or 0), running=bool(state.get("Running")),
-                labels={str(k): str(v) for k, v in (config.get("Labels") or {}).items()})
+                labels={str(k): str(v) for k, v in (config.get("Labels") or {}).items()},
+                status=str(state.get("Status") or ""))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise EngineError(f"{self.engine} at {self.socket}: unexpected inspect reply ({exc!r})") from None
+
+    async def labelled(self, label: str) -> list[str]:
+        """The ids of the containers that carry `label` ("KEY=VALUE"), whatever their state."""
+        filters = quote(json.dumps({"label": [label]}), safe="")
+        _, doc = await self._call("GET", f"/containers/json?all=1&filters={filters}", self.timeout_s, (200,))
+        try:
+            return [str(item["Id"]) for item in doc or ()]
+        except (KeyError, TypeError) as exc:
+            raise EngineError(f"{self.engine} at {self.socket}: unexpected list reply ({exc!r})") from None
 
     async def stop(self, container: str, grace_s: float) -> bool:
         """Stop the container: its stop signal (SIGTERM unless the image chose another) to its

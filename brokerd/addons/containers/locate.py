@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from brokerd.base.procinfo import PROC
+from brokerd.base.procinfo import PROC, pid_namespace
 
 _ID = r"[0-9a-f]{64}"
 # (pattern on one cgroup path, the engine it names; "" = either). The first that matches wins.
@@ -60,14 +60,6 @@ def container_of(pid: int, proc_root: Path = PROC) -> ContainerRef | None:
         return None
     # Where one hierarchy names the engine and another only the id, the named one counts.
     return max(found, key=lambda ref: bool(ref.engine))
-
-
-def pid_namespace(pid: int | str, proc_root: Path = PROC) -> int | None:
-    """The inode of `pid`'s pid namespace ("self" for ours), None when it is gone."""
-    try:
-        return os.stat(proc_root / str(pid) / "ns" / "pid").st_ino
-    except OSError:
-        return None
 
 
 def same_pid_namespace(pid: int, other: int, proc_root: Path = PROC) -> bool:

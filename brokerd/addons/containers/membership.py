@@ -30,14 +30,19 @@ import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from brokerd.addons.containers import locate
-from brokerd.addons.containers.engine import ContainerInfo, EngineClient, EngineError
+from brokerd.addons.containers.info import ContainerInfo, EngineError
 from brokerd.base.procinfo import PROC, process_info
+
+if TYPE_CHECKING:
+    from brokerd.addons.containers.engine import EngineClient
 
 LEASE_LABEL = "org.vaccel.lease"
 USER_LABEL = "org.vaccel.user"
 _FULL_ID = re.compile(r"[0-9a-f]{64}")
+START_WAIT_S = 5.0  # a container created and not yet started: how long to wait for its start
 log = logging.getLogger("vaccel.brokerd")
 
 
@@ -50,9 +55,13 @@ class Containers:
 
     @classmethod
     def configured(cls, docker: str, podman: str) -> Containers | None:
-        """From `[containers] docker` and `podman` (sockets, "" = none); None when both are ""."""
-        engines = [EngineClient(name, socket) for name, socket in (("docker", docker), ("podman", podman)) if socket]
-        return cls(engines) if engines else None
+        """From `[containers] docker` and `podman` (sockets, "" = none); None when both are ""
+        (and aiohttp, which the engine client needs, is then not imported)."""
+        if not docker and not podman:
+            return None
+        from brokerd.addons.containers.engine import EngineClient
+
+        return cls([EngineClient(name, socket) for name, socket in (("docker", docker), ("podman", podman)) if socket])
 
     async def close(self) -> None:
         for engine in self.engines:
@@ -81,6 +90,14 @@ class Containers:
                 return None
         return None
 
+    async def described(self, container: str) -> ContainerInfo | None:
+        """The container as the first engine that knows it describes it, whatever its state."""
+        for engine in self.engines:
+            info = await self._inspect(engine, container)
+            if info is not None:
+                return info
+        return None
+
     async def lease_container_of(self, pid: int, lease_id: str) -> ContainerInfo | None:
         """The container of lease `lease_id` that `pid` runs in; None for any other process."""
         info = await self.container_of(pid)
@@ -100,6 +117,37 @@ class Containers:
             ref = locate.container_of(info.pid, self.proc_root) if info.running and info.pid else None
             return info if labelled and ref is not None and ref.id == info.id else None
         return None
+
+    async def started(self, container: str, timeout_s: float) -> None:
+        """Return once no engine knows `container` as created and not yet started (the engine
+        writes its --cidfile at create, a moment before the start), or after `timeout_s`."""
+        if not _FULL_ID.fullmatch(container):
+            return
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while asyncio.get_running_loop().time() < deadline:
+            infos = [await self._inspect(engine, container) for engine in self.engines]
+            if not any(info is not None and info.status == "created" for info in infos):
+                return
+            await asyncio.sleep(0.05)
+
+    async def lease_containers(self, lease_id: str, user: str) -> list[ContainerInfo]:
+        """Every running container of lease `lease_id` started by `user`, as `named_container`
+        confirms each: those the engines list with the lease's label, whether or not a client
+        named them (one started as its lease ended, before it could: one created and starting
+        is waited for, up to `START_WAIT_S`)."""
+        found = []
+        for engine in self.engines:
+            try:
+                ids = await engine.labelled(f"{LEASE_LABEL}={lease_id}")
+            except EngineError as exc:
+                log.warning("containers: %s", exc)
+                continue
+            for container in ids:
+                await self.started(container, START_WAIT_S)
+                info = await self.named_container(container, lease_id, user)
+                if info is not None:
+                    found.append(info)
+        return found
 
     async def stop(self, info: ContainerInfo, grace_s: float) -> bool:
         """Stop a container found above, through the engine that described it (SIGTERM, then

@@ -118,6 +118,8 @@ function holderText(d) {
   // (alice)"); a reservation is held by its user, not by a process (pid 0).
   if ((d.lease_id || "").startsWith("slurm-")) return d.holder.command;
   const who = el("span", { class: "user" }, d.holder.user || d.holder.uid);
+  const container = d.holder.container;
+  if (container) return [who, ` (container ${container.name || container.id.slice(0, 12)})`];
   return [who, d.holder.pid ? ` (pid ${d.holder.pid})` : " (reserved)"];
 }
 
