@@ -14,7 +14,8 @@ How far a commit goes (docs/durability.md has the argument and the measurements)
 - durability = "power": every commit is fsync'd (synchronous=FULL).
 
 The `holdings` table has the device uuid as its primary key, so the database itself
-refuses a second live lease on a device even if the manager had a bug. The wait queue is
+refuses a second live lease on a device even if the manager had a bug. A memory share
+(brokerd/leasing/shares.py) holds no row there: its lease row says its device and share. The wait queue is
 kept the same way: a waiting request is on disk before its client hears its position.
 
 At start-up the store refuses a file it cannot trust (not SQLite, failed integrity
@@ -41,7 +42,7 @@ __all__ = ["DB_NAME", "DURABILITY", "SCHEMA_VERSION", "LeaseStore", "StateError"
 
 log = logging.getLogger("vaccel.brokerd")
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # Columns each older version lacks, added in place at start-up (after the read-only checks).
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -52,6 +53,8 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         "ALTER TABLE leases ADD COLUMN ending_state TEXT NOT NULL DEFAULT ''",
     ),
     2: ("ALTER TABLE leases ADD COLUMN request_key TEXT NOT NULL DEFAULT ''",),
+    3: ("ALTER TABLE leases ADD COLUMN share_mib INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE leases ADD COLUMN share_of_mib INTEGER NOT NULL DEFAULT 0"),
 }
 DB_NAME = "leases.db"
 _HISTORY_DAYS = 30
@@ -70,7 +73,8 @@ CREATE TABLE IF NOT EXISTS leases (
     members TEXT NOT NULL DEFAULT '[]',
     requested_at REAL NOT NULL DEFAULT 0, reservation INTEGER NOT NULL DEFAULT 0,
     notice TEXT NOT NULL DEFAULT '', time_limit_s REAL NOT NULL DEFAULT 0,
-    ending_state TEXT NOT NULL DEFAULT '', request_key TEXT NOT NULL DEFAULT ''
+    ending_state TEXT NOT NULL DEFAULT '', request_key TEXT NOT NULL DEFAULT '',
+    share_mib INTEGER NOT NULL DEFAULT 0, share_of_mib INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS holdings (
     device_uuid TEXT PRIMARY KEY,
@@ -107,7 +111,7 @@ def _lease_row(lease: Lease) -> tuple:
         lease.ended_at, lease.end_reason, json.dumps(asdict(lease.terms)),
         json.dumps([asdict(w) for w in lease.warnings]), int(lease.simulated),
         json.dumps(sorted(lease.members)), lease.requested_at, int(lease.reservation), lease.notice,
-        lease.time_limit_s, lease.ending_state, lease.request_key,
+        lease.time_limit_s, lease.ending_state, lease.request_key, lease.share_mib, lease.share_of_mib,
     )
 
 
@@ -115,7 +119,7 @@ def _grant_op(lease: Lease, request_id: str) -> Op:
     """The write of a grant as it is now: a lease that has already ended gets its row but
     never a device holding."""
     row = _lease_row(lease)
-    holdings = [(u, lease.id) for u in lease.devices] if lease.active else []
+    holdings = [(u, lease.id) for u in lease.devices] if lease.active and not lease.share_mib else []
 
     def op(conn: sqlite3.Connection) -> None:
         conn.execute(f"INSERT INTO leases VALUES ({','.join('?' * len(row))})", row)
@@ -147,6 +151,8 @@ def _lease_from_row(row: sqlite3.Row) -> Lease:
         time_limit_s=row["time_limit_s"],
         ending_state=row["ending_state"],
         request_key=row["request_key"],
+        share_mib=row["share_mib"],
+        share_of_mib=row["share_of_mib"],
     )
 
 
@@ -205,7 +211,7 @@ class LeaseStore:
             raise StateError(self._refusal(f"a lease record is malformed ({exc})")) from exc
         finally:
             conn.execute("COMMIT")
-        expected = {u: lease.id for lease in active for u in lease.devices}
+        expected = {u: lease.id for lease in active if not lease.share_mib for u in lease.devices}
         if holdings != expected:
             raise StateError(self._refusal("its device holdings do not match its active leases"))
         conn.execute(
