@@ -152,14 +152,14 @@ class Acquisition:
     def _submit(self, holder: Holder, requirement: Requirement, *, wait: bool,
                 accelerator_config_yaml: str = "", cache_key: Hashable | None = None,
                 time_limit_s: float = 0.0, devices: tuple[str, ...] = (),
-                reservation: bool = False, log_busy: bool = True) -> Lease | Request:
+                reservation: bool = False, memory_mib: int = 0, log_busy: bool = True) -> Lease | Request:
         """The manager's decision on a new request: a grant (not yet durable), a queued
         Request (wait=True), or a refusal (raised, and logged)."""
         terms = lease_terms(self._config(), accelerator_config_yaml)
         try:
             limits = self.governance.limits_for(holder)
             ask = Ask(self.governance.time_limit(limits, time_limit_s),
-                      tuple(find_device(self.manager, name).uuid for name in devices), reservation)
+                      tuple(find_device(self.manager, name).uuid for name in devices), reservation, memory_mib)
             if wait:  # (an ask that may not wait never joins the queue: no need to count it)
                 waiting = sum(1 for r in self.manager.queue if r.holder.uid == holder.uid)
                 cap = min(limits.max_waiting or MAX_QUEUED_PER_USER, MAX_QUEUED_PER_USER)
@@ -170,7 +170,8 @@ class Acquisition:
                                        ask=ask, limits=limits.user_limits())
         except LeaseError as exc:
             if log_busy or not isinstance(exc, Busy):
-                log_event("refuse", f"refused {requirement.gpus} device(s) to {holder.user}: {exc}",
+                what = f"a share of {memory_mib} MiB" if memory_mib else f"{requirement.gpus} device(s)"
+                log_event("refuse", f"refused {what} to {holder.user}: {exc}",
                           user=holder.user, pid=holder.pid, level=logging.INFO)
             self.ledger.forget_if_idle(holder.process)
             raise

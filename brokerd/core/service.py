@@ -25,6 +25,7 @@ from brokerd.base.process import Holder, Identity, ProcessId
 from brokerd.config.loader import Config
 from brokerd.contract import Requirement, evaluate
 from brokerd.core.acquiring import Acquisition
+from brokerd.core.budgets import ShareBudgets
 from brokerd.core.changes import ChangeFeed
 from brokerd.core.governing import Governance
 from brokerd.core.inventory import Inventory
@@ -103,7 +104,16 @@ class BrokerService:
                                        allocator=lambda: self._allocator)
         self.inventory = Inventory(self.manager, snapshot, config=current, tasks=self.tasks, changes=self.changes,
                                    record_end=self.ledger.record_end, pump_soon=self.ledger.pump_soon,
-                                   reclaim_idle=self.governance.reclaim_idle, refresh=refresh)
+                                   after_probe=self._after_probe, refresh=refresh)
+        self.inventory.share_devices()
+        self.budgets = ShareBudgets(self.manager, config=current, snapshot=lambda: self.inventory.snapshot,
+                                    occupancy=lambda: self.inventory.occupancy,
+                                    note_ending=self.governance.note_ending)
+
+    def _after_probe(self) -> None:
+        """What each adopted probe is also for: idle reclaim, and shares held to their budget."""
+        self.governance.reclaim_idle()
+        self.budgets.check()
 
     def _current_config(self) -> Config:
         return self._config
@@ -168,6 +178,7 @@ class BrokerService:
         self.manager.max_duration_s = config.max_lease_duration_s
         self.expiry.wake()  # a shorter TTL or maximum duration ends leases sooner
         self.governance.adopt(config)
+        self.inventory.share_devices()  # [sharing] devices may have changed
         # Limits changed: requests they held back may start, queue lines change.
         for request in self.manager.queue:
             request.limits = self.governance.limits_for(request.holder).user_limits()
@@ -335,7 +346,8 @@ class BrokerService:
         """Every device with its holder, the queue, GPU processes without a lease, probes."""
         self.permissions.require(Action.STATUS, identity)
         snapshot = self.inventory.snapshot
-        return StatusView(device_views(self.manager), tuple(self.manager.queue), self.inventory.occupancy.unleased,
+        return StatusView(device_views(self.manager, self.budgets.used()), tuple(self.manager.queue),
+                          self.inventory.occupancy.unleased,
                           snapshot.verdicts, snapshot.simulated, self.governance.usage_views(),
                           self._allocator.outside_status() if self._allocator is not None else None)
 
