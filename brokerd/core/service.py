@@ -261,7 +261,7 @@ class BrokerService:
         await self.store.save_drain(target.uuid, self.manager.drained.get(target.uuid, ""), undo)
         user = self.users.name(identity.uid)
         verb = "returned to the pool" if undo else f"drained ({self.manager.drained[target.uuid]})"
-        log_event("undrain" if undo else "drain", f"gpu{target.index} {verb} by {user}", user=user,
+        log_event("undrain" if undo else "drain", f"{target.label} {verb} by {user}", user=user,
                   device_uuids=(target.uuid,))
         if undo:
             self.ledger.pump_soon()

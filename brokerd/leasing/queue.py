@@ -47,7 +47,7 @@ class LeaseQueue:
             devices = self.holdings.devices
             unfit = [u for u in only if u not in eligible]
             why = "; ".join(
-                f"gpu{devices[u].index}: " + "; ".join(
+                f"{devices[u].label}: " + "; ".join(
                     f"{ln.name}: {ln.message}" for ln in evaluation.per_device.get(u, ()) if ln.level == "ERROR")
                 for u in unfit if u in devices)
             named = len(only)
