@@ -94,7 +94,7 @@ def cmd_leases(args: argparse.Namespace) -> int:
         print("no leases" + ("" if args.all else " of yours (--all: everyone's, admins only)"))
         return 0
     rows = [[lease.id, lease.holder.user, str(lease.holder.pid),
-             ",".join(f"gpu{d.index}" for d in lease.devices), lease.backend, since(lease.granted_at),
+             ",".join(d.label or f"gpu{d.index}" for d in lease.devices), lease.backend, since(lease.granted_at),
              lease.state + (f" ({lease.end_reason})" if lease.end_reason else ""), lease.holder.command[:40]]
             for lease in reply.leases]
     print(shown(table(rows, ["LEASE", "USER", "PID", "DEVICES", "BACKEND", "SINCE", "STATE", "COMMAND"])))
@@ -127,10 +127,10 @@ def cmd_drain(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(to_dict(reply), indent=2))
     elif args.undo:
-        print(f"gpu{reply.index} ({reply.name}) is back in the pool: {reply.state}")
+        print(f"{reply.label or f'gpu{reply.index}'} ({reply.name}) is back in the pool: {reply.state}")
     else:
         running = f"; lease {reply.lease_id} of {reply.holder.user} runs to its end" if reply.lease_id else ""
-        print(f"gpu{reply.index} ({reply.name}) drained: no new leases{running}")
+        print(f"{reply.label or f'gpu{reply.index}'} ({reply.name}) drained: no new leases{running}")
     return 0
 
 
@@ -168,8 +168,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliError("nothing to run: vaccel run [options] -- COMMAND [ARGS...]", EXIT_USAGE)
     wait = wait_arg(args)
     gpus, devices = devices_arg(args)
-    if args.lease and (devices or args.time or args.gpus is not None):
-        raise CliError("--lease runs inside an existing lease: --gpus, --device and --time belong to "
+    if args.lease and (devices or args.time or args.gpus is not None or args.memory):
+        raise CliError("--lease runs inside an existing lease: --gpus, --memory, --device and --time belong to "
                        "the lease (vaccel reserve), not to the run", EXIT_USAGE)
     warn_signal = signal_number(args.signal)
     container = _container_run(command)
@@ -186,6 +186,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             command, gpus=gpus, min_memory_mib=size_arg(args.min_memory), contract=args.contract,
             config=args.config, wait=wait, socket=args.socket, quiet=args.quiet, time_limit=args.time,
             devices=devices, lease_id=args.lease or "", warn_signal=warn_signal, container=container,
+            memory_mib=size_arg(args.memory, "--memory"),
         )
     except ValueError as exc:  # a bad --time
         raise CliError(str(exc), EXIT_USAGE) from None
@@ -278,6 +279,9 @@ def _add_run(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--gpus", type=int, default=None,
                    help="how many devices, all at once (default 1, or as many as --device names)")
     p.add_argument("--min-memory", metavar="SIZE", help="memory each device must have, with a unit: 20GiB, 512MiB")
+    p.add_argument("--memory", metavar="SIZE",
+                   help="a share of this much memory of one shared GPU instead of a whole one, e.g. 20GiB "
+                        "(docs/sharing.md)")
     p.add_argument("--time", metavar="DURATION",
                    help="the lease's time limit, e.g. 2h (default: the broker's policy). A short limit can "
                         "start sooner: it may use devices kept for a bigger job that starts after it ends")

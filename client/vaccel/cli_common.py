@@ -65,12 +65,12 @@ def table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
-def size_arg(text: str | None) -> int:
+def size_arg(text: str | None, option: str = "--min-memory") -> int:
     if text is None:
         return 0
     if text.strip().replace(".", "", 1).isdigit():
         # A bare number would be bytes: `--min-memory 20` almost always means 20 GiB.
-        raise CliError(f"--min-memory {text.strip()}: give a unit, e.g. {text.strip()}GiB or {text.strip()}MiB",
+        raise CliError(f"{option} {text.strip()}: give a unit, e.g. {text.strip()}GiB or {text.strip()}MiB",
                        EXIT_USAGE)
     try:
         return parse_size_mib(text)
@@ -87,6 +87,9 @@ def devices_arg(args: argparse.Namespace) -> tuple[int, tuple[str, ...]]:
     gpus = args.gpus if args.gpus is not None else max(1, len(devices))
     if gpus < 1:
         raise CliError(f"--gpus must be at least 1, got {gpus}", EXIT_USAGE)
+    if getattr(args, "memory", None) and gpus != 1:
+        raise CliError(f"--memory asks for a share of one GPU, --gpus {gpus} for whole GPUs: give one of them "
+                       "(see docs/sharing.md)", EXIT_USAGE)
     if devices and gpus > len(devices):
         raise CliError(f"--gpus {gpus} but only {len(devices)} --device named: name at least as many", EXIT_USAGE)
     return gpus, devices
