@@ -23,11 +23,20 @@ from brokerd.core.queueing import DurableQueue, lease_terms
 from brokerd.core.tasks import Tasks
 from brokerd.core.views import find_device
 from brokerd.core.waiting import QueuedUpdate
-from brokerd.leasing.errors import Busy, LeaseError
+from brokerd.leasing.errors import Busy, LeaseError, Unsatisfiable
 from brokerd.leasing.manager import LeaseManager
 from brokerd.leasing.model import RELEASED, Ask, Lease, Request
 from brokerd.state.queue_record import WaitRecords
 from brokerd.state.store import LeaseStore
+
+
+def _no_share_outside(asked: dict[str, Any]) -> None:
+    """An outside allocator (Slurm) hands out whole GPUs: a memory share is refused, not
+    quietly turned into a whole GPU."""
+    if asked.get("memory_mib"):
+        raise Unsatisfiable("memory shares are not offered here: an outside allocator (Slurm) hands out this "
+                            "host's GPUs whole; ask for whole GPUs (--gpus) instead of --memory")
+
 
 # Each waiting request holds a pidfd and a stream: bound what one user can pile up, even
 # where the policy sets no limit (max_waiting = 0).
@@ -67,6 +76,7 @@ class Acquisition:
         store keeps to rebuild the request after a restart. `asked` is `_submit`'s."""
         allocator = self._allocator()
         if allocator is not None:  # an outside allocator decides (brokerd/addons/slurm/delegate.py)
+            _no_share_outside(asked)
             steps = allocator.acquire(holder, requirement, wait=wait, max_wait_s=max_wait_s, **asked)
         else:
             steps = self._acquire_here(identity, holder, requirement, wait=wait, max_wait_s=max_wait_s, key=key,
@@ -120,6 +130,7 @@ class Acquisition:
             raise Busy("this request already waits in the queue")
         allocator = self._allocator()
         if allocator is not None:  # an outside allocator decides
+            _no_share_outside(asked)
             return await allocator.acquire_now(holder, requirement, **asked)
         again = await self._granted_before(key, holder)
         if again is not None:
