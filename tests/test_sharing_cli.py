@@ -94,3 +94,17 @@ def test_refusals_a_user_can_cause_are_one_line_with_their_exit_status(start_bro
     unshared = broker.vaccel("run", "--memory", "20GiB", "--", "true")  # the lab server shares nothing
     assert unshared.returncode == 1 and unshared.stderr.count("\n") == 1, unshared.stderr
     assert "no device on this host is shared by memory ([sharing] devices)" in unshared.stderr
+
+
+def test_shares_survive_a_kill_9_of_the_daemon(start_broker, tmp_path: Path) -> None:
+    broker = sharing_broker(start_broker, tmp_path)
+    booked = [json.loads(broker.vaccel("reserve", "--memory", size, "--time", "1h", "--json").stdout)
+              for size in ("20GiB", "30GiB")]
+    assert [b["share_mib"] for b in booked] == [20 * 1024, 30 * 1024]
+    broker.kill9()
+    broker.start()
+    device = json.loads(broker.vaccel("status", "--json").stdout)["devices"][0]
+    assert sorted((s["lease_id"], s["memory_mib"]) for s in device["shares"]) == sorted(
+        (b["lease_id"], b["share_mib"]) for b in booked)
+    over = broker.vaccel("reserve", "--memory", "40GiB", "--time", "1h", "--no-wait")
+    assert over.returncode == 75 and "30 GiB free" in over.stderr, over.stderr  # 80 - 20 - 30 after the restart
