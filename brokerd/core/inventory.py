@@ -84,6 +84,11 @@ def occupancy_of(
     closed), unhealthy, or (with `enforce` = config.enforce_mode "acl") not gated: their
     device nodes cannot be found or are open to everyone (brokerd/devices/nodes.py)."""
     leases = list(leases)
+    reserved: dict[str, dict[int, str]] = {}
+    for lease in leases:
+        if lease.reservation:
+            for uuid in lease.devices:
+                reserved.setdefault(uuid, {})[lease.holder.uid] = lease.id
     occupancy = classify(
         snapshot.processes,
         {lease.id: {lease.holder.pid, *(member.pid for member in lease.members)} for lease in leases},
@@ -91,7 +96,7 @@ def occupancy_of(
         snapshot.devices,
         ancestry=ancestors,
         info=process_info,
-        reserved={u: (lease.holder.uid, lease.id) for lease in leases if lease.reservation for u in lease.devices},
+        reserved=reserved,
     )
     ungated = enforcement_holds_back(snapshot.devices) if enforce == "acl" else {}
     return occupancy, {**ungated, **occupancy.busy, **_unhealthy(snapshot.devices)}

@@ -279,9 +279,8 @@ def _add_run(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--gpus", type=int, default=None,
                    help="how many devices, all at once (default 1, or as many as --device names)")
     p.add_argument("--min-memory", metavar="SIZE", help="memory each device must have, with a unit: 20GiB, 512MiB")
-    p.add_argument("--memory", metavar="SIZE",
-                   help="a share of this much memory of one shared GPU instead of a whole one, e.g. 20GiB "
-                        "(docs/sharing.md)")
+    p.add_argument("--memory", metavar="SIZE", help="a share of this much memory of one shared GPU instead of "
+                   "a whole one, e.g. 20GiB (docs/sharing.md)")
     p.add_argument("--time", metavar="DURATION",
                    help="the lease's time limit, e.g. 2h (default: the broker's policy). A short limit can "
                         "start sooner: it may use devices kept for a bigger job that starts after it ends")
