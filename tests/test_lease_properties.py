@@ -155,7 +155,11 @@ class LeaseMachine(RuleBasedStateMachine):
             assert (self.manager.owner, self.manager.holdings.shares) == before, "a refused request changed holdings"
             return
         assert not (share and gpus > 1), "a share of several devices was taken"
-        self._in_fair_order()
+        if isinstance(outcome, Request):
+            # Queued: the manager put the queue in fair order as of now. (A grant leaves the
+            # queue as the last sort did; ends and the passing of time change use, and the
+            # daemon's pump after every end sorts it again, as the pump rule here does.)
+            self._in_fair_order()
         if isinstance(outcome, Lease):
             self._within_limits(outcome, limits)
             assert len(outcome.devices) == gpus, "partial grant"
@@ -255,7 +259,9 @@ class LeaseMachine(RuleBasedStateMachine):
         """The daemon restarts: the store is closed, the file reopened, and a new manager
         gets back what the file holds: exactly the live leases and the queue in order."""
         live = {lease.id for lease in self.manager.leases.values()}
-        queue = [r.id for r in self.manager.queue]
+        # The order the queue would be served in now (use changed since its last sort when
+        # leases ended or time passed without a pump in between).
+        queue = [r.id for r in self.manager.ordered(list(self.manager.queue))]
         self.store.close()
         self.store = LeaseStore(self.dir)
         active, ended, _drained = self.store.open()

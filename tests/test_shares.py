@@ -177,3 +177,23 @@ def test_unsharing_a_device_lets_its_shares_run_and_takes_no_more():
     assert isinstance(m.submit(BOB, Requirement(1), wait=False), Lease)  # gpu0
     with pytest.raises(Busy):
         m.submit(CAROL, Requirement(1), wait=False)  # gpu1 still has alice's share
+
+
+def test_a_share_counts_its_part_of_the_device_it_gets_against_max_devices():
+    m, _ = manager(0)
+    m.set_inventory([gpu(0, memory_gib=80), gpu(1, memory_gib=24)])
+    m.set_sharing(["GPU-0", "GPU-1"])
+    one = UserLimits(max_devices=1)
+    half = share(m, ALICE, 40, limits=one)
+    assert half.devices == ("GPU-0",) and half.weight == 0.5
+    # Best fit would be the 24 GiB device, where 16 GiB counts as 0.67: over the limit with
+    # the 0.5 she holds. On the 80 GiB device it counts as 0.2: she gets that one.
+    more = share(m, ALICE, 16, limits=one)
+    assert more.devices == ("GPU-0",) and more.weight == 0.2
+    m.release(more.id, ALICE.uid)
+    share(m, BOB, 30)  # the large device has 10 GiB of room left: only the small one fits 16 GiB
+    waits = share(m, ALICE, 16, wait=True, limits=one)
+    assert isinstance(waits, Request)
+    assert waits.reason == ("limit max_devices=1 for default: you hold 0.5, and a 16 GiB share of gpu1 counts as "
+                            "0.67 of a device")
+    m.check_invariants()

@@ -49,7 +49,8 @@ def share_problem(request: Request, holdings: Holdings) -> str:
 
 def request_weight(request: Request, devices: Mapping[str, Device]) -> float:
     """How many devices a request counts as before it is granted: its GPUs, or for a share
-    its part of the largest eligible device (the least it could weigh)."""
+    its part of the largest eligible device (the least it could weigh; which device it may
+    then have within the limit is pick_share_device's)."""
     if not request.ask.memory_mib:
         return float(request.requirement.gpus)
     sizes = [devices[u].memory_mib for u in request.evaluation.eligible if u in devices]
@@ -75,7 +76,11 @@ def pick_share_device(request: Request, holdings: Holdings, reserved: Reservatio
     if any(ln.level == "ERROR" for ln in request.evaluation.host_checks):
         return None
     need, eligible = request.ask.memory_mib, set(request.evaluation.eligible)
+    # A share weighs its part of the device it gets: on a small device it may not fit what
+    # max_devices leaves its user, where on a large one it does.
+    allowed = _allowed(request, reserved)
     candidates = [d for d in holdings.shareable() if d.uuid in eligible and holdings.room(d.uuid) >= need
+                  and need / d.memory_mib <= allowed
                   and (reserved.keeps_nothing or reserved.permits(d.uuid, request))]
     if not candidates:
         return None
@@ -88,11 +93,22 @@ def pick_share_device(request: Request, holdings: Holdings, reserved: Reservatio
     return min(candidates, key=score)
 
 
+def _allowed(request: Request, reserved: Reservations) -> float:
+    """How much of a device max_devices still lets the request's user take."""
+    limits = request.limits
+    return limits.max_devices - reserved.weight_of(request.holder.uid) + 1e-9 if limits.max_devices else float("inf")
+
+
 def share_wait_reason(request: Request, holdings: Holdings, reserved: Reservations, users_ahead: int) -> str:
     """Why a share request waits, in words a student can act on."""
     need, eligible = request.ask.memory_mib, set(request.evaluation.eligible)
     open_now = [d for d in holdings.shareable() if d.uuid in eligible]
     fits = [d for d in open_now if holdings.room(d.uuid) >= need]
+    if fits and all(need / d.memory_mib > _allowed(request, reserved) for d in fits):
+        limits, first = request.limits, fits[0]
+        return (f"limit max_devices={limits.max_devices} for {limits.policy}: you hold "
+                f"{reserved.weight_of(request.holder.uid):.3g}, and a {format_mib(need)} share of {first.label} "
+                f"counts as {need / first.memory_mib:.2g} of a device")
     kept = [d for d in fits if not reserved.permits(d.uuid, request)]
     if kept:
         until = min(reserved.kept_until(d.uuid) or NEVER for d in kept)
