@@ -55,10 +55,10 @@ class Reservations:
                  rooms: Callable[[], Mapping[str, Room]] | None = None) -> None:
         self.now = now
         self._own: dict[int, set[str]] = {}
-        self._weight: dict[int, float] = {}
-        for lease in leases:
+        self._leases = list(leases)
+        for lease in self._leases:
             self._own.setdefault(lease.holder.uid, set()).update(lease.devices)
-            self._weight[lease.holder.uid] = self._weight.get(lease.holder.uid, 0.0) + lease.weight
+        self._weights: dict[int, float] | None = None  # summed only when a limit asks (weight_of)
         # uuid -> when it comes free (now for a free device, a lease's end, NEVER); asked
         # for only once a request must wait: most passes grant or find an empty queue.
         self._source = available_at
@@ -88,7 +88,11 @@ class Reservations:
 
     def weight_of(self, uid: int) -> float:
         """How many devices this user holds, a share as its part of its device."""
-        return self._weight.get(uid, 0.0)
+        if self._weights is None:
+            self._weights = {}
+            for lease in self._leases:
+                self._weights[lease.holder.uid] = self._weights.get(lease.holder.uid, 0.0) + lease.weight
+        return self._weights.get(uid, 0.0)
 
     def blocked(self, request: Request) -> bool:
         if request.ask.memory_mib:
@@ -183,7 +187,10 @@ class Reservations:
         """Later requests of the same user see this lease among their own; its devices
         come free at its end."""
         self._own.setdefault(lease.holder.uid, set()).update(lease.devices)
-        self._weight[lease.holder.uid] = self._weight.get(lease.holder.uid, 0.0) + lease.weight
+        if self._weights is None:
+            self._leases.append(lease)  # summed with the others when first asked
+        else:
+            self._weights[lease.holder.uid] = self._weights.get(lease.holder.uid, 0.0) + lease.weight
         end = lease.expires_at or NEVER
         if self._known is not None:  # else it is read later, with this lease in it
             for uuid in lease.devices:
