@@ -6,6 +6,7 @@ with its exit status."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 from pathlib import Path
 
@@ -108,3 +109,14 @@ def test_shares_survive_a_kill_9_of_the_daemon(start_broker, tmp_path: Path) -> 
         (b["lease_id"], b["share_mib"]) for b in booked)
     over = broker.vaccel("reserve", "--memory", "40GiB", "--time", "1h", "--no-wait")
     assert over.returncode == 75 and "30 GiB free" in over.stderr, over.stderr  # 80 - 20 - 30 after the restart
+
+
+def test_a_reload_shares_a_device_and_unshares_it(start_broker, tmp_path: Path) -> None:
+    broker = sharing_broker(start_broker, tmp_path)
+    broker.config.write_text(CONFIG.replace('devices = ["gpu0"]', 'devices = ["gpu1"]'))  # the MIG GPU's instances
+    broker.proc.send_signal(signal.SIGHUP)
+    sharing = wait_for(lambda: (d := json.loads(broker.vaccel("status", "--json").stdout)["devices"])
+                       and d[0]["sharing"] == "exclusive" and [x["sharing"] for x in d])
+    assert sharing == ["exclusive", "memory", "memory"]
+    run = broker.vaccel("run", "--memory", "4GiB", "--", "sh", "-c", "echo $CUDA_VISIBLE_DEVICES")
+    assert run.returncode == 0 and run.stdout.strip() == "MIG-h100-1", run.stderr  # best fit: the 1g.10gb
