@@ -13,7 +13,13 @@
 #      (nvidia.com/gpu=UUID, a spec from `nvidia-ctk cdi generate`), and a plain
 #      `docker run --gpus 1` that reaches no broker takes the GPU it was given as its lease.
 #      An engine or toolkit the machine lacks is skipped and said so; nothing is installed for it.
-# Never changes GPU settings. Exits non-zero when a check fails.
+#   6. memory shares (issue 35): the daemon again with gpu0 shared by memory; two processes
+#      with 8 GiB shares of it, one within its share, one allocating past it through torch
+#      (scripts/gpu_check_share.py): the allocator refuses past the cap, and the one that
+#      bypasses the cap is warned, then stopped, its lease ended over_budget; the other
+#      finishes untouched. Also measures the CUDA context outside the allocator.
+# Never changes GPU settings (MIG mode included: a GPU in MIG mode is leased by instance,
+# and step 3 then leases an instance). Exits non-zero when a check fails.
 set -euo pipefail
 OUT=${OUT:-$PWD/gpu-check-out}
 mkdir -p "$OUT"
@@ -98,4 +104,40 @@ if command -v podman >/dev/null && grep -qs 'nvidia.com/gpu' /etc/cdi/*.yaml /va
 else
     echo "containers: no podman with an NVIDIA CDI spec here: CDI names not checked" | tee -a "$OUT/containers.txt"
 fi
+# 6. Memory shares: gpu0 shared by memory, one share within, one past its budget.
+kill "$BROKER"; wait "$BROKER" || true
+rm -f "$VACCEL_SOCKET" "$VACCEL_SOCKET.id"
+cat >"$WORK/share.toml" <<'TOML'
+[probe]
+refresh_interval = "2s"
+[sharing]
+devices = ["gpu0"]
+over_budget_grace = "10s"
+TOML
+vaccel-brokerd --config "$WORK/share.toml" --socket "$VACCEL_SOCKET" --state-dir "$WORK/state" \
+  >>"$OUT/brokerd.log" 2>&1 &
+BROKER=$!
+for _ in $(seq 100); do [ -S "$VACCEL_SOCKET.id" ] && break; sleep 0.1; done
+vaccel run --memory 8GiB -- python scripts/gpu_check_share.py --role within --hold 60 >"$OUT/share-within.txt" 2>&1 &
+WITHIN=$!
+vaccel run --memory 8GiB --signal none -- python scripts/gpu_check_share.py --role past >"$OUT/share-past.txt" 2>&1 &
+PAST=$!
+sleep 8
+vaccel status | tee "$OUT/share-status.txt"
+set +e
+wait "$PAST"; PAST_RC=$?
+wait "$WITHIN"; WITHIN_RC=$?
+set -e
+cat "$OUT/share-within.txt" "$OUT/share-past.txt"
+vaccel leases --ended --json >"$OUT/share-leases.json"
+grep -q "capped as it should be" "$OUT/share-past.txt"
+grep -q "over its share" "$OUT/share-past.txt"
+[ "$PAST_RC" -eq 143 ] || { echo "share past its budget: exit $PAST_RC, expected 143 (stopped)"; exit 1; }
+[ "$WITHIN_RC" -eq 0 ] || { echo "share within its budget: exit $WITHIN_RC, expected 0"; exit 1; }
+python - "$OUT/share-leases.json" <<'PY'
+import json, sys
+states = sorted(lease["state"] for lease in json.load(open(sys.argv[1]))["leases"])
+print("share leases ended:", states)
+assert "over_budget" in states, states
+PY
 echo "gpu check: all passed; results in $OUT"

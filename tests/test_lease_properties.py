@@ -1,7 +1,10 @@
 """A stateful property test of the lease manager with the real store in the loop: any
-interleaving of requests, releases, cancellations, heartbeats, expiries, holder deaths,
-inventory changes and restarts keeps the invariants (never two live leases on one device,
-all-or-nothing grants, queued requests hold nothing), every change is written through
+interleaving of requests (whole devices or memory shares), releases, cancellations,
+heartbeats, expiries, holder deaths, inventory changes (MIG instances vanishing among
+them), changes of which devices are shared, and restarts keeps the invariants (never two
+live leases on one device or MIG instance, shares never overcommit a device's memory and
+never sit beside a whole lease, all-or-nothing grants, queued requests hold nothing),
+every change is written through
 the SQLite store as the service writes it, the store and the manager agree after every
 step, and a restart reopens the file (not a copy in memory) to get exactly the live
 leases and the queue, in order, back."""
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import shutil
 import sqlite3
 import tempfile
@@ -31,21 +35,31 @@ from brokerd.leasing.model import Ask, Lease, LeaseTerms, Request, UserLimits
 from brokerd.state.queue_record import WaitRecord
 from brokerd.state.store import DB_NAME, LeaseStore
 
-N_DEVICES = 4
+# Four whole GPUs, then GPU 4 in MIG mode: its two instances are devices of their own.
+N_DEVICES = 6
 HOLDERS = [Holder(1000 + i, 1000 + i, 100 + i, 7, f"user{i}") for i in range(4)]
+SHARES_MIB = [4096, 10240, 20480, 30720, 49152]
 # tmpfs where there is one: the commits are real, their fsyncs need not be slow.
 SCRATCH = "/dev/shm" if Path("/dev/shm").is_dir() else None
 
 
 def device(i: int, healthy: bool = True) -> Device:
     # Two sizes so memory requirements make some devices ineligible.
+    if i >= 4:  # a MIG instance of GPU 4: index 4, its own uuid and memory
+        return Device(index=4, uuid=f"MIG-{i}", vendor="nvidia", name="card4 MIG 1g.20gb", memory_mib=20 * 1024,
+                      backend="cuda", arch="sm_80", healthy=healthy, mig_index=i - 4, parent_uuid="GPU-4",
+                      mig_profile="1g.20gb")
     return Device(index=i, uuid=f"GPU-{i}", vendor="nvidia", name=f"card{i}",
                   memory_mib=(80 if i < 2 else 24) * 1024, backend="cuda", arch="sm_80", healthy=healthy)
 
 
-def requirement_of(spec: bytes) -> Requirement:
-    gpus, memory = spec.decode().split(":")
-    return Requirement(int(gpus), min_memory_mib=int(memory))
+def number(uuid: str) -> int:
+    return int(uuid.split("-")[1])
+
+
+def requirement_of(spec: bytes) -> tuple[Requirement, int]:
+    gpus, memory, share = spec.decode().split(":")
+    return Requirement(int(gpus), min_memory_mib=int(memory)), int(share)
 
 
 class LeaseMachine(RuleBasedStateMachine):
@@ -60,6 +74,7 @@ class LeaseMachine(RuleBasedStateMachine):
         self.sick: set[int] = set()
         self.granted: list[Lease] = []
         self.limits: dict[int, UserLimits] = {}
+        self.shared = {1, 3, 5}  # an 80 GiB, a 24 GiB GPU and a MIG instance start shared
         self.dir = Path(tempfile.mkdtemp(prefix="vaccel-props-", dir=SCRATCH))
         self.loop = asyncio.new_event_loop()
         self.store = LeaseStore(self.dir)
@@ -73,8 +88,10 @@ class LeaseMachine(RuleBasedStateMachine):
             shutil.rmtree(self.dir, ignore_errors=True)
 
     def _new_manager(self) -> LeaseManager:
-        return LeaseManager(self._devices(), ttl_s=10, max_duration_s=100, clock=lambda: self.now,
-                            new_id=lambda p: f"{p}{next(self.ids)}")
+        manager = LeaseManager(self._devices(), ttl_s=10, max_duration_s=100, clock=lambda: self.now,
+                               new_id=lambda p: f"{p}{next(self.ids)}")
+        manager.set_sharing(device(i).uuid for i in self.shared)  # as the daemon does from [sharing]
+        return manager
 
     def _devices(self) -> list[Device]:
         return [device(i, i not in self.sick) for i in sorted(self.present)]
@@ -104,6 +121,10 @@ class LeaseMachine(RuleBasedStateMachine):
     def _record(self, leases: list[Lease]) -> None:
         for lease in leases:
             assert len(lease.devices) == len(set(lease.devices))
+            if lease.share_mib:  # a share goes to a device shared now, whole ones never to one with shares
+                assert len(lease.devices) == 1 and number(lease.devices[0]) in self.shared, "share off a shared device"
+            else:
+                assert not set(lease.devices) & set(self.manager.holdings.shares), "whole lease beside shares"
             self.granted.append(lease)
 
     # -- rules -------------------------------------------------------------------------
@@ -111,29 +132,47 @@ class LeaseMachine(RuleBasedStateMachine):
     @rule(holder=st.sampled_from(HOLDERS), gpus=st.integers(1, 5), big=st.booleans(), wait=st.booleans(),
           max_devices=st.integers(0, 3), time_limit=st.sampled_from([0.0, 5.0, 20.0, 60.0]))
     def submit(self, holder: Holder, gpus: int, big: bool, wait: bool, max_devices: int, time_limit: float) -> None:
-        memory = 40 * 1024 if big else 0
+        self._submit(holder, gpus, 40 * 1024 if big else 0, wait, max_devices, time_limit, 0)
+
+    @rule(holder=st.sampled_from(HOLDERS), share=st.sampled_from(SHARES_MIB), wide=st.integers(0, 5),
+          wait=st.booleans(), max_devices=st.integers(0, 3), time_limit=st.sampled_from([0.0, 5.0, 20.0, 60.0]))
+    def submit_share(self, holder: Holder, share: int, wide: int, wait: bool, max_devices: int,
+                     time_limit: float) -> None:
+        """A memory share: of one device (now and then of two, which is refused)."""
+        self._submit(holder, 2 if wide == 0 else 1, 0, wait, max_devices, time_limit, share)
+
+    def _submit(self, holder: Holder, gpus: int, memory: int, wait: bool, max_devices: int, time_limit: float,
+                share: int) -> None:
+        big = memory > 0
         requirement = Requirement(gpus, min_memory_mib=memory)
-        before = dict(self.manager.owner)
+        before = (dict(self.manager.owner), {u: dict(s) for u, s in self.manager.holdings.shares.items()})
         limits = UserLimits(max_devices=max_devices)
         self.limits[holder.uid] = limits
         try:
-            outcome = self.manager.submit(holder, requirement, wait=wait, ask=Ask(time_limit_s=time_limit),
-                                          limits=limits)
+            outcome = self.manager.submit(holder, requirement, wait=wait,
+                                          ask=Ask(time_limit_s=time_limit, memory_mib=share), limits=limits)
         except (Busy, Unsatisfiable):
-            assert self.manager.owner == before, "a refused request changed holdings"
+            assert (self.manager.owner, self.manager.holdings.shares) == before, "a refused request changed holdings"
             return
-        self._in_fair_order()
+        assert not (share and gpus > 1), "a share of several devices was taken"
+        if isinstance(outcome, Request):
+            # Queued: the manager put the queue in fair order as of now. (A grant leaves the
+            # queue as the last sort did; ends and the passing of time change use, and the
+            # daemon's pump after every end sorts it again, as the pump rule here does.)
+            self._in_fair_order()
         if isinstance(outcome, Lease):
             self._within_limits(outcome, limits)
             assert len(outcome.devices) == gpus, "partial grant"
+            assert outcome.share_mib == share
             if big:
-                assert all(int(u.split("-")[1]) < 2 for u in outcome.devices)
+                assert all(number(u) < 2 for u in outcome.devices)
             self._record([outcome])
             self._granted([(outcome, "")])
         else:
             assert isinstance(outcome, Request) and wait
-            assert self.manager.owner == before
-            record = WaitRecord(outcome.id, f"k{outcome.id}", holder, outcome.since, 0.0, f"{gpus}:{memory}".encode())
+            assert (self.manager.owner, self.manager.holdings.shares) == before
+            spec = f"{gpus}:{memory}:{share}".encode()
+            record = WaitRecord(outcome.id, f"k{outcome.id}", holder, outcome.since, 0.0, spec)
             self._write(lambda: self.store.save_queued(record))
 
     @rule(data=st.data(), admin=st.booleans())
@@ -161,8 +200,8 @@ class LeaseMachine(RuleBasedStateMachine):
         self._write(lambda: self.store.save_dequeued(request.id))
 
     def _within_limits(self, lease: Lease, limits: UserLimits) -> None:
-        held = sum(len(x.devices) for x in self.manager.leases.values() if x.holder.uid == lease.holder.uid)
-        assert not limits.max_devices or held <= limits.max_devices, "a grant went over max_devices"
+        held = sum(x.weight for x in self.manager.leases.values() if x.holder.uid == lease.holder.uid)
+        assert not limits.max_devices or held <= limits.max_devices + 1e-9, "a grant went over max_devices"
 
     def _in_fair_order(self) -> None:
         # Sorted afresh: ordered() of the queue itself may trust the last sort's basis.
@@ -206,15 +245,23 @@ class LeaseMachine(RuleBasedStateMachine):
         self._ended(self.manager.set_inventory(self._devices()))
         for lease in self.manager.leases.values():
             for uuid in lease.devices:
-                i = int(uuid.split("-")[1])
-                assert i in self.present and i not in self.sick, "lease kept on a lost device"
+                i = number(uuid)
+                assert i in self.present and i not in self.sick, "lease kept on a lost device or instance"
+
+    @rule(index=st.integers(0, N_DEVICES - 1))
+    def sharing_changes(self, index: int) -> None:
+        """A reload shares a device, or stops sharing it: what runs there runs on."""
+        self.shared ^= {index}
+        self.manager.set_sharing(device(i).uuid for i in self.shared)
 
     @rule()
     def restart(self) -> None:
         """The daemon restarts: the store is closed, the file reopened, and a new manager
         gets back what the file holds: exactly the live leases and the queue in order."""
         live = {lease.id for lease in self.manager.leases.values()}
-        queue = [r.id for r in self.manager.queue]
+        # The order the queue would be served in now (use changed since its last sort when
+        # leases ended or time passed without a pump in between).
+        queue = [r.id for r in self.manager.ordered(list(self.manager.queue))]
         self.store.close()
         self.store = LeaseStore(self.dir)
         active, ended, _drained = self.store.open()
@@ -227,10 +274,10 @@ class LeaseMachine(RuleBasedStateMachine):
             fresh.restore(lease)
         assert not any(r.lease_id for r in records), "a delivered grant left its request behind"
         for r in records:
-            requirement = requirement_of(r.spec)
+            requirement, share = requirement_of(r.spec)
             evaluation = evaluate(requirement, list(fresh.devices.values()))
             fresh.queue.append(Request(r.request_id, r.holder, requirement, evaluation, LeaseTerms(), r.since,
-                                       limits=self.limits.get(r.holder.uid, UserLimits())))
+                                       Ask(memory_mib=share), limits=self.limits.get(r.holder.uid, UserLimits())))
         assert set(fresh.leases) == live
         # The file keeps arrival order; the order served is the fair one, worked out again
         # from what the file holds (arrival times, past use).
@@ -247,10 +294,19 @@ class LeaseMachine(RuleBasedStateMachine):
     @invariant()
     def invariants_hold(self) -> None:
         self.manager.check_invariants()
-        live_devices = [u for lease in self.manager.leases.values() for u in lease.devices]
+        leases = self.manager.leases.values()
+        live_devices = [u for lease in leases if not lease.share_mib for u in lease.devices]
         assert len(live_devices) == len(set(live_devices)), "two live leases on one device"
         for uuid in live_devices:
             assert self.manager.holdings.device_state(uuid) == "leased"
+        shared: dict[str, int] = {}
+        for lease in leases:
+            if lease.share_mib:
+                assert lease.devices[0] not in live_devices, "a share beside a whole lease"
+                shared[lease.devices[0]] = shared.get(lease.devices[0], 0) + lease.share_mib
+        for uuid, mib in shared.items():
+            assert mib <= device(number(uuid)).memory_mib, f"shares overcommit {uuid}"
+            assert self.manager.holdings.device_state(uuid) == "shared"
 
     @invariant()
     def store_agrees_with_the_manager(self) -> None:
@@ -258,11 +314,16 @@ class LeaseMachine(RuleBasedStateMachine):
         try:
             active = {r[0] for r in conn.execute("SELECT id FROM leases WHERE state='active'")}
             holdings = dict(conn.execute("SELECT device_uuid, lease_id FROM holdings"))
+            shares: dict[str, dict[str, int]] = {}
+            for lease_id, devices, mib in conn.execute(
+                    "SELECT id, devices, share_mib FROM leases WHERE state='active' AND share_mib > 0"):
+                shares.setdefault(json.loads(devices)[0], {})[lease_id] = mib
             queue = [r[0] for r in conn.execute("SELECT id FROM queue WHERE lease_id='' ORDER BY rowid")]
         finally:
             conn.close()
         assert active == set(self.manager.leases), "active leases on disk differ from the manager's"
         assert holdings == self.manager.owner, "device holdings on disk differ from the manager's"
+        assert shares == self.manager.holdings.shares, "shares on disk differ from the manager's"
         # The file keeps the requests in arrival order, the manager in the fair order it
         # serves them (worked out from arrival and past use; the restart rule checks that).
         assert sorted(queue) == sorted(r.id for r in self.manager.queue), "the queue on disk differs from the manager's"

@@ -217,4 +217,4 @@ def test_release_records_history_and_last_used():
     clock.now += 5
     m.release(a.id, ALICE.uid)
     assert m.get(a.id).state == RELEASED
-    assert m.last_used["GPU-0"] == clock.now
+    assert m.holdings.last_used["GPU-0"] == clock.now

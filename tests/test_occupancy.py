@@ -112,7 +112,7 @@ def test_to_signal_never_root() -> None:
 def test_a_reservation_covers_its_users_processes_on_its_devices_and_nobody_elses() -> None:
     # Alice reserved GPU1 (no process holds a reservation): her pid 600, started from her
     # own shell, is covered there; Bob's pid 12345 on the same device is not.
-    reserved = {GPU1: (1001, "L-booked")}
+    reserved = {GPU1: {1001: "L-booked"}}
     occ = run([GpuProcess(600, GPU1, 512), GpuProcess(12345, GPU1, 1024)], reserved=reserved)
     assert occ.matched == {600: "L-booked"}
     assert [p.pid for p in occ.unleased] == [12345]
@@ -120,3 +120,11 @@ def test_a_reservation_covers_its_users_processes_on_its_devices_and_nobody_else
     # On a device she did not reserve her process is unleased as any other.
     occ = run([GpuProcess(600, GPU2, 512)], reserved=reserved)
     assert [p.pid for p in occ.unleased] == [600]
+
+
+def test_two_users_share_reservations_on_one_device_each_cover_their_own_processes() -> None:
+    # Memory shares (issue 35): alice and bob each reserved a share of GPU1.
+    occ = run([GpuProcess(600, GPU1, 512), GpuProcess(12345, GPU1, 1024)],
+              reserved={GPU1: {1001: "L-alice", 1002: "L-bob"}})
+    assert occ.matched == {600: "L-alice", 12345: "L-bob"}
+    assert occ.unleased == () and occ.busy == {}

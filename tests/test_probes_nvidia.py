@@ -384,7 +384,6 @@ def test_process_memory_unknown_still_counts_the_process(
         ("retired_pages_pending", 1, "retired memory pages pending"),
         ("remapped_rows", [0, 1, 1, 0], "row remapping pending"),
         ("remapped_rows", [0, 3, 0, 1], "row remapping failed"),
-        ("mig_mode", [1, 1], "MIG mode is enabled"),
     ],
 )
 def test_health_problems_make_the_device_unhealthy(

@@ -13,13 +13,15 @@ from brokerd.leasing.model import Lease
 
 
 class FakeManager:
-    """What the waiting room reads of the lease manager: the queue, and nothing held."""
+    """What the waiting room reads of the lease manager: the queue, and nothing held (no
+    device leased whole, no memory share)."""
 
     def __init__(self, waiters: int) -> None:
-        self.queue = [SimpleNamespace(id=f"r-{i}", requirement=SimpleNamespace(gpus=1), reason="")
-                      for i in range(waiters)]
+        self.queue = [SimpleNamespace(id=f"r-{i}", requirement=SimpleNamespace(gpus=1),
+                                      ask=SimpleNamespace(memory_mib=0), reason="") for i in range(waiters)]
         self.devices: dict[str, Any] = {}
         self.owner: dict[str, str] = {}
+        self.holdings = SimpleNamespace(shares={})
 
     def holders_summary(self) -> str:
         return "every device leased"
@@ -112,7 +114,8 @@ async def _a_grant_and_a_newcomers_place_are_never_paced() -> None:
     lease = Lease.__new__(Lease)  # any Lease object: the room only passes it on
     assert room.post(head.id, lease)
     assert boxes[head.id].items.get_nowait() is lease
-    newcomer = SimpleNamespace(id="r-new", requirement=SimpleNamespace(gpus=2), reason="")
+    newcomer = SimpleNamespace(id="r-new", requirement=SimpleNamespace(gpus=2), ask=SimpleNamespace(memory_mib=0),
+                               reason="")
     manager.queue.append(newcomer)
     box = room.open(newcomer.id)
     room.tell(manager, newcomer.id)

@@ -200,6 +200,20 @@ def backend(name: str) -> Backend:
         raise ValueError(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}") from None
 
 
+# What a device runtime's own context takes of a process's device memory, outside its
+# allocator (CUDA's context with lazy module loading is a few hundred MiB): the allocator
+# of a memory share is capped this much below the share, at most a quarter of it. An
+# estimate, not measured on every GPU: scripts/gpu_check.sh prints what one takes.
+SHARE_CONTEXT_RESERVE_MIB = 768
+# The caching allocator frees cached blocks once it holds this fraction of its cap.
+SHARE_ALLOCATOR_CONFIG = "garbage_collection_threshold:0.8"
+
+
+def share_cap_mib(share_mib: int) -> int:
+    """The allocator cap of a process holding a memory share of `share_mib` MiB."""
+    return share_mib - min(SHARE_CONTEXT_RESERVE_MIB, share_mib // 4)
+
+
 def lease_env(
     *,
     lease_id: str,
@@ -210,6 +224,7 @@ def lease_env(
     simulated: bool = False,
     memory_pool_mib: int = 0,
     unified_memory: bool = False,
+    share_mib: int = 0,
 ) -> dict[str, str]:
     """The variables a lease applies before any device runtime starts.
 
@@ -219,6 +234,12 @@ def lease_env(
     (see `memory_settings`); they apply only to the backend that section names: the pool
     bounds the caching allocator (the per-process cap, the smaller of it and the daemon's),
     unified memory sets the backend's `unified_memory_env`.
+
+    `share_mib`: the lease is a memory share of one shared device (docs/sharing.md), whose
+    id the visible-devices variable takes like any device's (a MIG instance's is its MIG-
+    uuid). The allocator is capped below the share by the runtime's own context (the
+    broker measures a process's whole use against the share), and told to give cached
+    blocks back before it reaches its cap, so what the broker measures stays within it.
     """
     b = backend(backend_name)
     env: dict[str, str] = {
@@ -232,6 +253,11 @@ def lease_env(
     for var in b.renumbered_vars:
         env[var] = ",".join(str(i) for i in range(len(device_ids)))
     env.update(dict(b.extra_env))
+    if share_mib:
+        memory_cap_mib = min(memory_cap_mib or share_mib, share_cap_mib(share_mib))
+        env["VACCEL_MEMORY_SHARE_MIB"] = str(share_mib)
+        if "garbage_collection_threshold" not in allocator_config:
+            allocator_config = ",".join(filter(None, (allocator_config, SHARE_ALLOCATOR_CONFIG)))
     if allocator_config and b.allocator_var:
         env[b.allocator_var] = allocator_config
     if b.memory_section and memory_pool_mib:

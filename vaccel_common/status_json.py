@@ -10,7 +10,8 @@ from typing import Any
 from vaccel_common.v1 import broker_pb2 as pb
 
 # protobuf's JSON mapping writes int64 as strings; scripts want numbers.
-_INT64_FIELDS = {"memory_mib", "memory_used_mib", "min_memory_mib", "used_memory_mib", "memory_cap_mib"}
+_INT64_FIELDS = {"memory_mib", "memory_used_mib", "min_memory_mib", "used_memory_mib", "memory_cap_mib", "used_mib",
+                 "share_mib"}
 
 
 def _ints(value: Any) -> Any:
@@ -62,7 +63,10 @@ def holder_json(holder: pb.Holder) -> dict[str, Any]:
 
 
 def status_json(reply: pb.StatusReply) -> dict[str, Any]:
-    """The DESIGN.md shape: devices with state and holder, the queue, unleased processes."""
+    """The DESIGN.md shape: devices with state and holder, the queue, unleased processes.
+    Each device says how it is leased, `"sharing": "exclusive" | "memory" | "mig"`, and
+    lists its memory shares as `"shares": [{"lease_id", "user", "memory_mib", "used_mib"}]`
+    (docs/sharing.md)."""
     devices = []
     for d in reply.devices:
         item = message_dict(d)
@@ -70,6 +74,8 @@ def status_json(reply: pb.StatusReply) -> dict[str, Any]:
         item["lease_id"] = d.lease_id or None
         item["since"] = d.since or None
         item["utilization"] = d.utilization if d.utilization >= 0 else None  # null: not measured (simulated, CPU)
+        item["sharing"] = d.sharing or "exclusive"
+        item["label"] = d.label or f"gpu{d.index}"
         devices.append(item)
     return {
         "hostname": reply.hostname,

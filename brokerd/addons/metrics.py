@@ -44,7 +44,7 @@ log = logging.getLogger("vaccel.brokerd")
 MAX_CONNECTIONS = 64
 PER_CLIENT = 8  # Prometheus keeps one connection per target; a few more for people with curl
 REQUEST_TIMEOUT_S = 10.0  # a request not whole this long after the connection (or the last reply) is dropped
-DEVICE_STATES = ("free", "leased", "drained", "busy", "unhealthy", "missing")
+DEVICE_STATES = ("free", "leased", "shared", "drained", "busy", "unhealthy", "missing")
 DEVICE_LABELS = ("gpu", "UUID", "pci_bus_id", "modelName", "Hostname")  # dcgm-exporter's names
 WAIT_BUCKETS_S = (1, 10, 60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600, 24 * 3600, 7 * 86400)
 
@@ -61,6 +61,7 @@ class _DeviceState:
     state: str
     lease_id: str
     user: str
+    shares: tuple[tuple[str, str, int], ...] = ()  # (lease id, user, MiB) of each memory share on it
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,9 @@ class MetricsHook(LeaseHook):
         if self.service.config.accounting_per_user_report != "everyone":
             hours = {"": sum(hours.values())}  # other users' history: everyone's together, no user label
         devices = tuple(_DeviceState(v.device, v.state, v.lease.id if v.lease else "",
-                                     _user(v.lease) if v.lease else "") for v in device_views(manager))
+                                     _user(v.lease) if v.lease else "",
+                                     tuple((s.lease.id, _user(s.lease), s.lease.share_mib) for s in v.shares))
+                        for v in device_views(manager))
         return _State(devices, len(manager.leases), len(manager.queue), hours)
 
     def collect(self) -> Iterator[Metric]:
@@ -167,17 +170,21 @@ class MetricsHook(LeaseHook):
         used = GaugeMetricFamily("vaccel_device_memory_used_bytes", "Device memory in use at the last probe",
                                  labels=labels)
         total = GaugeMetricFamily("vaccel_device_memory_total_bytes", "Device memory", labels=labels)
+        share = GaugeMetricFamily("vaccel_device_share_bytes", "Each memory share of a shared device, naming its "
+                                  "lease and holder", labels=[*labels, "lease_id", "hpc_job", "user"])
         for d in devices:
             values = device_labels(d.device, self.hostname)
             device_state.add_metric([*values, d.state], 1)
             if d.lease_id:
                 lease.add_metric([*values, d.lease_id, d.lease_id, d.user], 1)
+            for lease_id, user, mib in d.shares:
+                share.add_metric([*values, lease_id, lease_id, user], mib * 1024 * 1024)
             reading = d.device.extra.get(UTILISATION_KEY)
             if isinstance(reading, int | float) and not isinstance(reading, bool):
                 util.add_metric(values, float(reading))
             used.add_metric(values, d.device.memory_used_mib * 1024 * 1024)
             total.add_metric(values, d.device.memory_mib * 1024 * 1024)
-        yield from (device_state, lease, util, used, total)
+        yield from (device_state, lease, util, used, total, share)
 
 
 def _user(lease: Lease) -> str:
@@ -185,7 +192,7 @@ def _user(lease: Lease) -> str:
 
 
 def _hours(lease: Lease, until: float, started_at: float) -> float:
-    return len(lease.devices) * max(0.0, until - max(lease.granted_at, started_at)) / 3600
+    return lease.weight * max(0.0, until - max(lease.granted_at, started_at)) / 3600
 
 
 # -- the HTTP server -----------------------------------------------------------------------

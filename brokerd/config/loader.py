@@ -71,6 +71,10 @@ class Config:
     containers_docker: str = ""
     containers_podman: str = ""
     containers_stop_grace_s: float = 10.0
+    # [sharing] (docs/sharing.md): devices leased by memory ("gpu3", a uuid, or "all"), and how
+    # long a share may use more than its memory before its lease ends and its processes stop
+    sharing_devices: tuple[str, ...] = ()
+    sharing_over_budget_grace_s: float = 30.0
     source: str = "<defaults>"
 
     def admin_gid(self) -> int | None:
@@ -128,6 +132,13 @@ def engine_socket(value: object) -> str:
     return path
 
 
+def device_names(value: object) -> tuple[str, ...]:
+    """A list of device names as `vaccel status` shows them (gpu3, gpu0.1), uuids, or "all"."""
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ValueError('write a list of device names, e.g. ["gpu3"], ["GPU-6f1a..."] or ["all"]')
+    return tuple(value)
+
+
 # TOML table.key -> (Config field, parser)
 _KEYS: dict[str, tuple[str, Any]] = {
     "server.socket": ("socket", Path),
@@ -162,6 +173,8 @@ _KEYS: dict[str, tuple[str, Any]] = {
     "containers.docker": ("containers_docker", engine_socket),
     "containers.podman": ("containers_podman", engine_socket),
     "containers.stop_grace": ("containers_stop_grace_s", parse_duration),
+    "sharing.devices": ("sharing_devices", device_names),
+    "sharing.over_budget_grace": ("sharing_over_budget_grace_s", parse_duration),
 }
 
 

@@ -23,11 +23,20 @@ from brokerd.core.queueing import DurableQueue, lease_terms
 from brokerd.core.tasks import Tasks
 from brokerd.core.views import find_devices
 from brokerd.core.waiting import QueuedUpdate
-from brokerd.leasing.errors import Busy, LeaseError
+from brokerd.leasing.errors import Busy, LeaseError, Unsatisfiable
 from brokerd.leasing.manager import LeaseManager
 from brokerd.leasing.model import RELEASED, Ask, Lease, Request
 from brokerd.state.queue_record import WaitRecords
 from brokerd.state.store import LeaseStore
+
+
+def _no_share_outside(asked: dict[str, Any]) -> None:
+    """An outside allocator (Slurm) hands out whole GPUs: a memory share is refused, not
+    quietly turned into a whole GPU."""
+    if asked.get("memory_mib"):
+        raise Unsatisfiable("memory shares are not offered here: an outside allocator (Slurm) hands out this "
+                            "host's GPUs whole; ask for whole GPUs (--gpus) instead of --memory")
+
 
 # Each waiting request holds a pidfd and a stream: bound what one user can pile up, even
 # where the policy sets no limit (max_waiting = 0).
@@ -67,6 +76,7 @@ class Acquisition:
         store keeps to rebuild the request after a restart. `asked` is `_submit`'s."""
         allocator = self._allocator()
         if allocator is not None:  # an outside allocator decides (brokerd/addons/slurm/delegate.py)
+            _no_share_outside(asked)
             steps = allocator.acquire(holder, requirement, wait=wait, max_wait_s=max_wait_s, **asked)
         else:
             steps = self._acquire_here(identity, holder, requirement, wait=wait, max_wait_s=max_wait_s, key=key,
@@ -120,6 +130,7 @@ class Acquisition:
             raise Busy("this request already waits in the queue")
         allocator = self._allocator()
         if allocator is not None:  # an outside allocator decides
+            _no_share_outside(asked)
             return await allocator.acquire_now(holder, requirement, **asked)
         again = await self._granted_before(key, holder)
         if again is not None:
@@ -152,14 +163,14 @@ class Acquisition:
     def _submit(self, holder: Holder, requirement: Requirement, *, wait: bool,
                 accelerator_config_yaml: str = "", cache_key: Hashable | None = None,
                 time_limit_s: float = 0.0, devices: tuple[str, ...] = (),
-                reservation: bool = False, log_busy: bool = True) -> Lease | Request:
+                reservation: bool = False, memory_mib: int = 0, log_busy: bool = True) -> Lease | Request:
         """The manager's decision on a new request: a grant (not yet durable), a queued
         Request (wait=True), or a refusal (raised, and logged)."""
         terms = lease_terms(self._config(), accelerator_config_yaml)
         try:
             limits = self.governance.limits_for(holder)
             ask = Ask(self.governance.time_limit(limits, time_limit_s),
-                      find_devices(self.manager, devices), reservation)
+                      find_devices(self.manager, devices), reservation, memory_mib)
             if wait:  # (an ask that may not wait never joins the queue: no need to count it)
                 waiting = sum(1 for r in self.manager.queue if r.holder.uid == holder.uid)
                 cap = min(limits.max_waiting or MAX_QUEUED_PER_USER, MAX_QUEUED_PER_USER)
@@ -170,7 +181,8 @@ class Acquisition:
                                        ask=ask, limits=limits.user_limits())
         except LeaseError as exc:
             if log_busy or not isinstance(exc, Busy):
-                log_event("refuse", f"refused {requirement.gpus} device(s) to {holder.user}: {exc}",
+                what = f"a share of {memory_mib} MiB" if memory_mib else f"{requirement.gpus} device(s)"
+                log_event("refuse", f"refused {what} to {holder.user}: {exc}",
                           user=holder.user, pid=holder.pid, level=logging.INFO)
             self.ledger.forget_if_idle(holder.process)
             raise

@@ -134,14 +134,16 @@ class Governance:
             lease = manager.leases[lease_id]
             warned = lease.ending_state == IDLE
             if warned and idle_s < policy.idle_reclaim_s:
-                self._note_ending(manager.call_off_ending(lease_id), "it computes again: idle reclaim called off")
+                self.note_ending(manager.call_off_ending(lease_id), "it computes again: idle reclaim called off")
             elif not lease.notice and idle_s >= policy.idle_reclaim_s and wanted & set(lease.devices):
                 at = now + policy.idle_warning_s
                 notice = (f"idle for {format_duration(idle_s)} while others wait: reclaimed at "
                           f"{time.strftime('%H:%M:%S', time.localtime(at))} unless it computes")
-                self._note_ending(manager.end_early(lease_id, at, IDLE, notice), notice)
+                self.note_ending(manager.end_early(lease_id, at, IDLE, notice), notice)
 
-    def _note_ending(self, lease: Lease, what: str) -> None:
+    def note_ending(self, lease: Lease, what: str) -> None:
+        """An early end announced or called off (idle reclaim, a share over its budget): on
+        disk, in the journal, and the expiry timer and the watchers told."""
         self.tasks.keep(self.store.save_ending(lease), "a lease's notice")
         log_event("notice", f"lease {lease.id} of {lease.holder.user}: {what}", lease_id=lease.id,
                   user=lease.holder.user, device_uuids=lease.devices)

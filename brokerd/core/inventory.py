@@ -1,6 +1,7 @@
 """The device picture the broker acts on: each fresh probe adopted (devices held back,
-leases on lost devices ended, GPU processes matched to leases, idle reclaim), and the
-re-probing timer. How a probe is believed is brokerd/devices/watch.py."""
+leases on lost devices ended, which devices are shared by memory, GPU processes matched
+to leases, then what follows a probe: idle reclaim, share budgets), and the re-probing
+timer. How a probe is believed is brokerd/devices/watch.py."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from brokerd.base.journal import log_event
 from brokerd.base.procinfo import ancestors, process_info
 from brokerd.config.loader import Config
 from brokerd.core.changes import ChangeFeed
+from brokerd.core.sharing import SharedDevices
 from brokerd.core.tasks import Tasks
 from brokerd.core.views import summary
 from brokerd.devices.model import Device, Snapshot
@@ -24,7 +26,7 @@ from brokerd.leasing.model import Lease
 class Inventory:
     def __init__(self, manager: LeaseManager, snapshot: Snapshot, *, config: Callable[[], Config], tasks: Tasks,
                  changes: ChangeFeed, record_end: Callable[[Lease], asyncio.Future[None]],
-                 pump_soon: Callable[[], None], reclaim_idle: Callable[[], None],
+                 pump_soon: Callable[[], None], after_probe: Callable[[], None],
                  refresh: Callable[[], Snapshot] | None = None) -> None:
         self.manager = manager
         self.snapshot = snapshot
@@ -34,10 +36,11 @@ class Inventory:
         self.changes = changes
         self._record_end = record_end
         self._pump_soon = pump_soon
-        self._reclaim_idle = reclaim_idle
+        self._after_probe = after_probe
         self._refresh = refresh
         self._unleased = UnleasedSignaller()
         self._held: dict[str, dict[str, str]] = {}  # an add-on -> the devices it holds back, with why
+        self.sharing = SharedDevices()
 
     def start(self) -> None:
         """Re-probe periodically, if the config asks for it and there is a probe to run."""
@@ -57,7 +60,7 @@ class Inventory:
         config = self._config()
         if config.unleased_processes == "signal":
             self._unleased.signal(self.occupancy, config.unleased_grace_s)
-        self._reclaim_idle()
+        self._after_probe()
 
     def adopt(self, snapshot: Snapshot) -> None:
         """Adopt a snapshot: hold back unhealthy devices and devices used without a lease
@@ -67,8 +70,13 @@ class Inventory:
                                                    self._config().enforce_mode)
         for held in self._held.values():
             unavailable = {**held, **unavailable}
+        self.share_devices()
         for lost in self.manager.set_inventory(snapshot.devices, unavailable):
             self.tasks.keep(self._record_end(lost))
+
+    def share_devices(self) -> None:
+        """Tell the manager which devices `[sharing] devices` marks shared among those found."""
+        self.manager.set_sharing(self.sharing.resolve(self._config().sharing_devices, self.snapshot.devices))
 
     def hold_back(self, by: str, devices: dict[str, str]) -> None:
         """`by` (an add-on) says which devices must not be granted now (uuid -> why, as
@@ -92,6 +100,11 @@ def occupancy_of(
     closed), unhealthy, or (with `enforce` = config.enforce_mode "acl") not gated: their
     device nodes cannot be found or are open to everyone (brokerd/devices/nodes.py)."""
     leases = list(leases)
+    reserved: dict[str, dict[int, str]] = {}
+    for lease in leases:
+        if lease.reservation:
+            for uuid in lease.devices:
+                reserved.setdefault(uuid, {})[lease.holder.uid] = lease.id
     occupancy = classify(
         snapshot.processes,
         {lease.id: {lease.holder.pid, *(member.pid for member in lease.members)} for lease in leases},
@@ -99,7 +112,7 @@ def occupancy_of(
         snapshot.devices,
         ancestry=ancestors,
         info=process_info,
-        reserved={u: (lease.holder.uid, lease.id) for lease in leases if lease.reservation for u in lease.devices},
+        reserved=reserved,
     )
     ungated = enforcement_holds_back(snapshot.devices) if enforce == "acl" else {}
     return occupancy, {**ungated, **occupancy.busy, **_unhealthy(snapshot.devices)}

@@ -43,6 +43,7 @@ class Rebuilt(NamedTuple):
     time_limit_s: float = 0.0
     devices: tuple[str, ...] = ()  # as the client named them
     reservation: bool = False
+    memory_mib: int = 0  # a memory share it asks for (brokerd/leasing/shares.py), 0 = whole devices
 
 
 Rebuild = Callable[[bytes], Rebuilt]
@@ -81,7 +82,9 @@ class DurableQueue:
         record = WaitRecord(request.id, key, holder, time.time(), deadline, spec)
         self.records.add(record)
         saved = self.store.save_queued(record)
-        log_event("queue", f"{holder.user} (pid {holder.pid}) waits for {request.requirement.gpus} device(s)",
+        log_event("queue", f"{holder.user} (pid {holder.pid}) waits for " + (
+                  f"a share of {request.ask.memory_mib} MiB" if request.ask.memory_mib
+                  else f"{request.requirement.gpus} device(s)"),
                   user=holder.user, pid=holder.pid, request_id=request.id)
         return self._wait_in_queue(record, box, saved)
 
@@ -218,7 +221,7 @@ class DurableQueue:
             limits = self.governance.limits_for(holder)
             ask = Ask(self.governance.time_limit(limits, rebuilt.time_limit_s),
                       tuple(find_device(self.manager, name).uuid for name in rebuilt.devices),
-                      rebuilt.reservation)
+                      rebuilt.reservation, rebuilt.memory_mib)
         except Exception as exc:  # parsed once already; a newer parser or policy may refuse it
             self._drop_restored(record, f"it can no longer be read or granted ({exc})")
             return

@@ -11,6 +11,7 @@ here and only here) before handing an operation to the part that does it:
     Expiry        leases ending at their deadlines (brokerd/core/timers.py)
     Inventory     each probe adopted (brokerd/core/inventory.py)
     ContainerHolds  leases applied to containers (brokerd/core/container_holds.py)
+    ShareBudgets  memory shares held to their budget (brokerd/core/budgets.py)
 Add-ons plug in through `add_hook`, `use_allocator`, `use_reporter` and `use_containers`
 (brokerd/core/plugins.py) and follow changes through `changes`.
 """
@@ -21,13 +22,14 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from brokerd.base.journal import log_event
 from brokerd.base.process import Holder, Identity, ProcessId
 from brokerd.config.loader import Config
 from brokerd.contract import Requirement, evaluate
 from brokerd.core.acquiring import Acquisition
+from brokerd.core.budgets import ShareBudgets
 from brokerd.core.changes import ChangeFeed
 from brokerd.core.container_holds import ContainerHolds
+from brokerd.core.drains import drain_device
 from brokerd.core.governing import Governance
 from brokerd.core.inventory import Inventory
 from brokerd.core.ledger import Ledger
@@ -35,6 +37,7 @@ from brokerd.core.liveness import ProcessWatcher
 from brokerd.core.permissions import Action, Permissions
 from brokerd.core.plugins import Allocator, ContainerKeeper, Reporter
 from brokerd.core.queueing import DurableQueue, Rebuild
+from brokerd.core.restoring import restore_leases
 from brokerd.core.tasks import Tasks
 from brokerd.core.timers import Expiry
 from brokerd.core.users import UserDirectory
@@ -45,7 +48,6 @@ from brokerd.core.views import (
     UsageView,
     device_view,
     device_views,
-    find_device,
     leases_of,
 )
 from brokerd.core.views import summary as summary_line
@@ -55,7 +57,7 @@ from brokerd.devices.occupancy import Occupancy
 from brokerd.leasing.errors import Internal, LeaseError
 from brokerd.leasing.hooks import LeaseHook
 from brokerd.leasing.manager import LeaseManager
-from brokerd.leasing.model import HOLDER_EXITED, Lease
+from brokerd.leasing.model import Lease
 from brokerd.state.queue_record import WaitRecord, WaitRecords
 from brokerd.state.report import Report
 from brokerd.state.store import LeaseStore
@@ -106,9 +108,18 @@ class BrokerService:
                                        allocator=lambda: self._allocator)
         self.inventory = Inventory(self.manager, snapshot, config=current, tasks=self.tasks, changes=self.changes,
                                    record_end=self.ledger.record_end, pump_soon=self.ledger.pump_soon,
-                                   reclaim_idle=self.governance.reclaim_idle, refresh=refresh)
+                                   after_probe=self._after_probe, refresh=refresh)
+        self.inventory.share_devices()
+        self.budgets = ShareBudgets(self.manager, config=current, snapshot=lambda: self.inventory.snapshot,
+                                    occupancy=lambda: self.inventory.occupancy,
+                                    note_ending=self.governance.note_ending)
         self.holds = ContainerHolds(self.manager, store, watcher=self.watcher, changes=self.changes,
                                     keeper=lambda: self._keeper, forget_if_idle=self.ledger.forget_if_idle)
+
+    def _after_probe(self) -> None:
+        """What each adopted probe is also for: idle reclaim, and shares held to their budget."""
+        self.governance.reclaim_idle()
+        self.budgets.check()
 
     def _current_config(self) -> Config:
         return self._config
@@ -136,30 +147,13 @@ class BrokerService:
     def restore(self, active: list[Lease], ended: list[Lease], drained: dict[str, str] | None = None) -> None:
         """Put back what the store held. Must run inside the loop (it opens pidfds).
         Holders that died while the daemon was down are reclaimed at once."""
-        manager = self.manager
-        manager.drained.update(drained or {})
-        for lease in ended:
-            manager.ended[lease.id] = lease
-            for uuid in lease.devices:
-                manager.last_used[uuid] = max(manager.last_used.get(uuid, 0), lease.ended_at)
-        for lease in active:
-            manager.restore(lease)
-            restored = manager.leases[lease.id]
-            # A reservation is held by its user: the command that booked it is long gone.
-            alive = restored.reservation or self.watcher.watch(lease.holder.process)
-            restored.members = {m for m in lease.members if self.watcher.watch(m)}
-            gone = self.holds.restore(restored, alive)
-            if not gone:
-                log_event("restore", f"lease {lease.id} restored for {lease.holder.user}",
-                          lease_id=lease.id, user=lease.holder.user, device_uuids=lease.devices)
-            else:
-                ended_lease = manager.end(lease.id, HOLDER_EXITED, f"{gone} exited while the broker was down")
-                self.tasks.keep(self.ledger.record_end(ended_lease))
+        restore_leases(self.manager, active, ended, drained or {}, watcher=self.watcher, holds=self.holds,
+                       tasks=self.tasks, record_end=self.ledger.record_end)
         # Leases on devices that vanished while the daemon was down end now; devices used
         # without a lease are held back.
         self.inventory.adopt(self.inventory.snapshot)
         for hook in self.hooks:
-            hook.restored(list(manager.leases.values()))
+            hook.restored(list(self.manager.leases.values()))
 
     def restore_queue(self, records: list[WaitRecord], rebuild: Rebuild) -> None:
         """Put back the recorded queue, in order, after restore()."""
@@ -177,6 +171,7 @@ class BrokerService:
         self.manager.max_duration_s = config.max_lease_duration_s
         self.expiry.wake()  # a shorter TTL or maximum duration ends leases sooner
         self.governance.adopt(config)
+        self.inventory.share_devices()  # [sharing] devices may have changed
         # Limits changed: requests they held back may start, queue lines change.
         for request in self.manager.queue:
             request.limits = self.governance.limits_for(request.holder).user_limits()
@@ -267,18 +262,9 @@ class BrokerService:
     async def drain(self, identity: Identity, device: str, reason: str, undo: bool) -> DeviceView:
         """Admins take a device out of the pool (by uuid or index) or put it back."""
         self.permissions.require(Action.DRAIN, identity)
-        target = find_device(self.manager, device)
-        user = self.users.name(identity.uid)
-        # Who and when, kept with the reason (and with it across restarts) as Slurm keeps a node's: "fan [root@...]".
-        said = f"{printable(reason) or 'no reason given'} [{user}@{time.strftime('%Y-%m-%dT%H:%M:%S')}]"
-        self.manager.drain(target.uuid, said, undo=undo)
-        await self.store.save_drain(target.uuid, self.manager.drained.get(target.uuid, ""), undo)
-        verb = "returned to the pool" if undo else f"drained ({self.manager.drained[target.uuid]})"
-        log_event("undrain" if undo else "drain", f"gpu{target.index} {verb} by {user}", user=user,
-                  device_uuids=(target.uuid,))
-        if undo:
-            self.ledger.pump_soon()
-        self.changes.changed()
+        target = await drain_device(self.manager, self.store, device, reason, undo=undo,
+                                    user=self.users.name(identity.uid), pump_soon=self.ledger.pump_soon,
+                                    changed=self.changes.changed)
         return device_view(self.manager, target)
 
     def _process_exited(self, process: ProcessId) -> None:
@@ -361,11 +347,10 @@ class BrokerService:
         (as in a report), else the caller's own (device-hours are history, not a holder)."""
         self.permissions.require(Action.STATUS, identity)
         snapshot = self.inventory.snapshot
-        usage, only = self.governance.usage_views(), self.usage_seen_by(identity)
-        if only is not None:
-            usage = tuple(use for use in usage if use.uid == only)
-        return StatusView(device_views(self.manager), tuple(self.manager.queue), self.inventory.occupancy.unleased,
-                          snapshot.verdicts, snapshot.simulated, usage,
+        only = self.usage_seen_by(identity)
+        usage = tuple(use for use in self.governance.usage_views() if only is None or use.uid == only)
+        return StatusView(device_views(self.manager, self.budgets.used()), tuple(self.manager.queue),
+                          self.inventory.occupancy.unleased, snapshot.verdicts, snapshot.simulated, usage,
                           self._allocator.outside_status() if self._allocator is not None else None)
 
     def hold_back(self, by: str, devices: dict[str, str]) -> None:

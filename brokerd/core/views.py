@@ -5,6 +5,7 @@ changes it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from brokerd.base.process import Holder
@@ -16,13 +17,23 @@ from brokerd.leasing.model import Lease, Request
 
 
 @dataclass(frozen=True)
+class ShareView:
+    """A memory share on a shared device: whose, how much, and how much it uses now."""
+
+    lease: Lease
+    used_mib: int  # as the last probe read it
+
+
+@dataclass(frozen=True)
 class DeviceView:
-    """A device, its state, and the lease that holds it."""
+    """A device, its state, and the lease that holds it (or the shares on it)."""
 
     device: Device
-    state: str  # free | leased | drained | busy | unhealthy | missing
-    lease: Lease | None  # the active lease holding it
+    state: str  # free | leased | shared | drained | busy | unhealthy | missing
+    lease: Lease | None  # the active lease holding it whole
     drain_reason: str = ""
+    sharing: str = "exclusive"  # exclusive | memory (leased by memory) | mig (a MIG instance, leased whole)
+    shares: tuple[ShareView, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -100,26 +111,31 @@ class CheckView:
     devices: tuple[DeviceView, ...]  # by index
 
 
-def device_view(manager: LeaseManager, device: Device) -> DeviceView:
-    """The device as it stands now."""
+def device_view(manager: LeaseManager, device: Device, used: Mapping[str, int] | None = None) -> DeviceView:
+    """The device as it stands now; `used`: MiB each lease uses (brokerd/core/budgets.py)."""
+    holdings = manager.holdings
     lease_id = manager.owner.get(device.uuid)
-    return DeviceView(device, manager.holdings.device_state(device.uuid),
-                      manager.leases[lease_id] if lease_id else None, manager.drained.get(device.uuid, ""))
+    sharing = "memory" if device.uuid in holdings.shared else "mig" if device.mig_index >= 0 else "exclusive"
+    shares = tuple(ShareView(manager.leases[i], (used or {}).get(i, 0)) for i in holdings.shares.get(device.uuid, ()))
+    return DeviceView(device, holdings.device_state(device.uuid), manager.leases[lease_id] if lease_id else None,
+                      manager.drained.get(device.uuid, ""), sharing, shares)
 
 
-def device_views(manager: LeaseManager) -> tuple[DeviceView, ...]:
-    """Every device as it stands now, by index."""
-    return tuple(device_view(manager, d) for d in sorted(manager.devices.values(), key=lambda d: d.index))
+def device_views(manager: LeaseManager, used: Mapping[str, int] | None = None) -> tuple[DeviceView, ...]:
+    """Every device as it stands now, by index (a GPU's MIG instances in order under it)."""
+    ordered = sorted(manager.devices.values(), key=lambda d: (d.index, d.mig_index))
+    return tuple(device_view(manager, d, used) for d in ordered)
 
 
 def find_device(manager: LeaseManager, text: str) -> Device:
-    """The device `text` names: its uuid, its index, or `gpu<index>` as `vaccel status` shows,
-    in any case (GPU1, a uuid typed in lower case)."""
+    """The device `text` names: its uuid, its index, or `gpu<index>` as `vaccel status` shows
+    (gpu0.1, 0.1: instance 1 of GPU 0 in MIG mode), in any case (GPU1, a uuid typed in lower case)."""
     wanted = text.strip().lower()
     for device in manager.devices.values():
-        if wanted in (device.uuid.lower(), str(device.index), f"gpu{device.index}"):
+        label = device.label.lower()
+        if wanted in (device.uuid.lower(), label, label.removeprefix("gpu")):
             return device
-    raise NotFound(f"no device {text!r} on this host: give its index (0, gpu0) or uuid (see `vaccel status`)")
+    raise NotFound(f"no device {text!r} on this host: give its index (0, gpu0, gpu0.1) or uuid (see `vaccel status`)")
 
 
 def find_devices(manager: LeaseManager, names: tuple[str, ...]) -> tuple[str, ...]:
@@ -149,5 +165,6 @@ def summary(manager: LeaseManager) -> str:
     """One line for `systemctl status`: "1/4 GPUs leased, 0 waiting, 0 unhealthy"."""
     devices = manager.devices
     unhealthy = sum(1 for d in devices.values() if not d.healthy)
-    return (f"{len(manager.owner)}/{len(devices)} GPUs leased, {len(manager.queue)} waiting, "
-            f"{unhealthy} unhealthy")
+    shared = len(manager.holdings.shares)
+    return (f"{len(manager.owner)}/{len(devices)} GPUs leased{f', {shared} shared' if shared else ''}, "
+            f"{len(manager.queue)} waiting, {unhealthy} unhealthy")

@@ -12,6 +12,7 @@ from brokerd.core.views import DeviceView, device_view
 from brokerd.leasing.errors import LeaseError
 from brokerd.leasing.manager import LeaseManager
 from brokerd.leasing.model import Lease, Request
+from vaccel_common.units import format_mib
 
 ANNOUNCE_EVERY_S = 0.1  # the soonest a queue line follows a change; a grant is never delayed
 # A pass that told N waiters waits N x this before the next one. Each line costs the loop
@@ -133,7 +134,8 @@ class WaitingRoom:
         if not changed:
             return 0
         devices = manager.devices
-        held = tuple(device_view(manager, devices[uuid]) for uuid in manager.owner if uuid in devices)
+        held = tuple(device_view(manager, devices[uuid]) for uuid in (*manager.owner, *manager.holdings.shares)
+                     if uuid in devices)
         summary = manager.holders_summary() if any(box.last_seen == (0, "") for _, _, box in changed) else ""
         for place, request, box in changed:
             first = box.last_seen == (0, "")
@@ -142,7 +144,8 @@ class WaitingRoom:
             # Say why it waits (the pump left the reason on it): else a student sees
             # "position 1" for ever and does not know a limit or their own lease holds it.
             why = f" ({request.reason})" if request.reason else ""
-            message = (f"waiting for {n} GPU{'s' if n > 1 else ''}: position {place} "
-                       f"of {total}{why}" + (f"; {summary}" if first else ""))
+            what = f"a {format_mib(request.ask.memory_mib)} share" if request.ask.memory_mib else \
+                f"{n} GPU{'s' if n > 1 else ''}"
+            message = f"waiting for {what}: position {place} of {total}{why}" + (f"; {summary}" if first else "")
             box.items.put_nowait(QueuedUpdate(place, total, message, held, request.id))
         return len(changed)

@@ -40,11 +40,21 @@ class Device:
     # The per-device nodes a process opens to use it (not the shared control nodes):
     # what `[enforce] mode = "acl"` opens for the lease holder only (brokerd/addons/enforce/).
     device_nodes: tuple[str, ...] = ()
+    # A MIG instance (a slice of a GPU in MIG mode, leased like a device): its number under
+    # its GPU (`index` is then the GPU's), the GPU's uuid, its profile ("1g.18gb"). -1/"": a whole GPU.
+    mig_index: int = -1
+    parent_uuid: str = ""
+    mig_profile: str = ""
     extra: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def visible(self) -> str:
         return self.visible_id or self.uuid
+
+    @property
+    def label(self) -> str:
+        """How people name it: gpu0, or gpu0.1 for instance 1 of GPU 0."""
+        return f"gpu{self.index}" if self.mig_index < 0 else f"gpu{self.index}.{self.mig_index}"
 
 
 @dataclass(frozen=True)

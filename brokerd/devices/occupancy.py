@@ -74,7 +74,7 @@ def classify(
     ancestry: Callable[[int], Sequence[int]],
     info: Callable[[int], ProcInfo | None],
     zombie_threshold_mib: int = DEFAULT_ZOMBIE_THRESHOLD_MIB,
-    reserved: Mapping[str, tuple[int, str]] | None = None,
+    reserved: Mapping[str, Mapping[int, str]] | None = None,
 ) -> Occupancy:
     """Match GPU processes to leases and say which devices are busy without a lease.
 
@@ -82,8 +82,9 @@ def classify(
     lease_devices: lease id -> uuids of the devices it holds.
     ancestry: pid -> its ancestors, nearest first (procinfo.ancestors).
     info: pid -> ProcInfo or None (procinfo.process_info).
-    reserved: device uuid -> (uid, lease id) of a reservation holding it: a reservation is
-        held by its user, not a process, so any process of that user on it is covered.
+    reserved: device uuid -> {uid: lease id} of the reservations holding it (several: memory
+        shares of one device): a reservation is held by its user, not a process, so any
+        process of that user on it is covered.
     """
     owners: dict[int, str] = {}
     for lease_id, pids in sorted(lease_pids.items()):
@@ -102,9 +103,9 @@ def classify(
         if proc.pid not in infos:
             infos[proc.pid] = info(proc.pid)
         filled = _filled(proc, infos[proc.pid])
-        booked = (reserved or {}).get(proc.device_uuid)
-        if lease is None and booked is not None and filled.uid == booked[0]:
-            matched[proc.pid] = booked[1]
+        booked = (reserved or {}).get(proc.device_uuid, {}).get(filled.uid)
+        if lease is None and booked is not None:
+            matched[proc.pid] = booked
             continue
         unleased.append(filled)
         offenders.setdefault(proc.device_uuid, []).append(_describe(filled, lease))

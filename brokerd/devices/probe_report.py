@@ -65,7 +65,7 @@ def render_probe_text(snapshot: Snapshot) -> str:
     if snapshot.devices:
         rows = [
             [
-                str(d.index), d.vendor, d.name, _memory(d), d.arch or "?",
+                d.label.removeprefix("gpu"), d.vendor, d.name, _memory(d), d.arch or "?",
                 d.driver_version or "?",
                 f"{d.memory_bandwidth_gbps:g} GB/s" if d.memory_bandwidth_gbps else "?",
                 "ok" if d.healthy else f"UNHEALTHY: {d.health_reason}",
@@ -79,7 +79,8 @@ def render_probe_text(snapshot: Snapshot) -> str:
         # What `[enforce] mode = "acl"` gates; a device without one is never granted then.
         lines.append("")
         lines.append("Device nodes:")
-        lines += [f"  {d.index:<3} {', '.join(d.device_nodes) or 'none found'}" for d in snapshot.devices]
+        lines += [f"  {d.label.removeprefix('gpu'):<3} {', '.join(d.device_nodes) or 'none found'}"
+                  for d in snapshot.devices]
     else:
         lines.append("No devices found.")
     if snapshot.simulated:

@@ -48,6 +48,8 @@ def device_pb(device: Device, state: str = "", lease: Lease | None = None, drain
         runtime_version=device.runtime_version, compute_capability=device.compute_capability,
         visible_id=device.visible, drain_reason=drain_reason, device_nodes=device.device_nodes,
         utilization=float(device.extra.get(UTILISATION_KEY, -1)),  # -1: the probe does not measure it
+        label=device.label, mig_index=device.mig_index, parent_uuid=device.parent_uuid,
+        mig_profile=device.mig_profile,
     )
     if lease is not None:
         _add_lease(msg, lease)
@@ -69,15 +71,27 @@ def held_pb(view: DeviceView) -> pb.Device:
     Not the whole device (Status has that): every waiter's first line carries one per held
     device, and gRPC keeps a stream's last message until its next one, so 500 waiters on a
     64-device host kept ~100 KB each of full devices."""
-    msg = pb.Device(index=view.device.index, uuid=view.device.uuid, name=view.device.name, state=view.state)
+    msg = pb.Device(index=view.device.index, uuid=view.device.uuid, name=view.device.name, state=view.state,
+                    label=view.device.label, sharing=view.sharing)
     if view.lease is not None:
         _add_lease(msg, view.lease)
+    _add_shares(msg, view)
     return msg
 
 
 def view_pb(view: DeviceView, *, with_drain_reason: bool = False, into: Any = None) -> pb.Device:
-    return device_pb(view.device, view.state, view.lease, view.drain_reason if with_drain_reason else "",
-                     into=into)
+    msg = device_pb(view.device, view.state, view.lease, view.drain_reason if with_drain_reason else "",
+                    into=into)
+    msg.sharing = view.sharing
+    _add_shares(msg, view)
+    return msg
+
+
+def _add_shares(msg: pb.Device, view: DeviceView) -> None:
+    for share in view.shares:
+        lease = share.lease
+        msg.shares.add(lease_id=lease.id, user=lease.holder.user, uid=lease.holder.uid, memory_mib=lease.share_mib,
+                       used_mib=share.used_mib, since=lease.granted_at)
 
 
 def lease_pb(lease: Lease, *, ttl_s: float, device: Callable[[str], Device | None], job_id: int = 0) -> pb.Lease:
@@ -91,13 +105,14 @@ def lease_pb(lease: Lease, *, ttl_s: float, device: Callable[[str], Device | Non
         member_pids=sorted(member.pid for member in lease.members), simulated=lease.simulated,
         accelerator_config_yaml=lease.terms.accelerator_config_yaml, ended_at=lease.ended_at,
         reservation=lease.reservation, requested_at=lease.requested_at, notice=lease.notice,
-        time_limit_s=lease.time_limit_s, slurm_job_id=job_id,
+        time_limit_s=lease.time_limit_s, slurm_job_id=job_id, share_mib=lease.share_mib,
     )
     fill_holder(msg.holder, lease.holder, lease.container)
     for uuid in lease.devices:
         found = device(uuid)
         if found is not None:
-            device_pb(found, "leased" if lease.active else "", lease, into=msg.devices)
+            state = ("shared" if lease.share_mib else "leased") if lease.active else ""
+            device_pb(found, state, lease, into=msg.devices)
         else:
             msg.devices.append(pb.Device(uuid=uuid, state="missing"))
     msg.warnings.extend(check_line_to_proto(w) for w in lease.warnings)
@@ -126,14 +141,14 @@ def status_reply(service: BrokerService, identity: Identity) -> pb.StatusReply:
         for msg, view in zip(reply.devices, status.devices, strict=True):
             msg.gate_reason = gate_problem(view.device)
             msg.gated = not msg.gate_reason
-    index = {view.device.uuid: view.device.index for view in status.devices}
+    label = {view.device.uuid: view.device.label for view in status.devices}
     for position, queued in enumerate(status.queue, start=1):
         entry = reply.queue.add(
             request_id=queued.id,
             gpus=queued.requirement.gpus, min_memory_mib=queued.requirement.min_memory_mib,
             since=queued.since, position=position, reason=queued.reason,
-            time_limit_s=queued.ask.time_limit_s,
-            devices=[f"gpu{index[u]}" for u in queued.ask.only if u in index],
+            time_limit_s=queued.ask.time_limit_s, memory_mib=queued.ask.memory_mib,
+            devices=[label[u] for u in queued.ask.only if u in label],
         )
         fill_holder(entry.requester, queued.holder)
     for use in status.usage:
@@ -192,4 +207,4 @@ def rebuild_request(spec: bytes) -> Rebuilt:
         request.accelerator_config_name or "accelerator-config.yaml", request.client,
     )
     return Rebuilt(requirement, request.accelerator_config_yaml, request.time_limit_s, tuple(request.devices),
-                   request.reservation)
+                   request.reservation, request.memory_mib)

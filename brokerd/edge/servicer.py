@@ -114,7 +114,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         asked: dict[str, object] = dict(
             command=request.command[:200], accelerator_config_yaml=request.accelerator_config_yaml,
             cache_key=cache_key, key=request.request_key[:64], time_limit_s=request.time_limit_s,
-            devices=tuple(request.devices), reservation=request.reservation)
+            devices=tuple(request.devices), reservation=request.reservation, memory_mib=request.memory_mib)
         return identity, requirement, asked
 
     # -- RPCs --------------------------------------------------------------------------

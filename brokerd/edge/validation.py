@@ -25,6 +25,8 @@ def acquire_problem(request: pb.AcquireRequest) -> str:
         return "min_memory must not be negative"
     if request.min_memory_mib > MAX_MEMORY_MIB:
         return f"min_memory={request.min_memory_mib} MiB is absurd"
+    if not 0 <= request.memory_mib <= MAX_MEMORY_MIB:
+        return f"a memory share of {request.memory_mib} MiB is absurd"
     wait = request.max_wait_seconds
     if math.isnan(wait) or wait < 0 or wait > MAX_WAIT_S:
         return f"wait must be between 0 and {MAX_WAIT_S} seconds (or forever), got {wait}"

@@ -7,7 +7,9 @@ Two measures, both in device-hours:
 - `in_window(uid)`: plain use inside the rolling window (`max_device_hours` limits it).
 
 Ended leases are folded in as they end (`add`); the leases running now are counted from
-their start to `now` at each question, so a user's use grows while they hold devices.
+their start to `now` at each question, so a user's use grows while they hold devices. A
+memory share counts as its part of its device (Lease.weight): a quarter of a GPU for an
+hour is a quarter of a device-hour.
 """
 
 from __future__ import annotations
@@ -38,11 +40,11 @@ class UsageBook:
         # uid -> (decayed device-hours, as of this time): decays on read, grows on add
         self._recent: dict[int, tuple[float, float]] = {}
         # uid -> (start, end, devices) of ended leases still inside the longest window asked
-        self._spans: dict[int, deque[tuple[float, float, int]]] = {}
+        self._spans: dict[int, deque[tuple[float, float, float]]] = {}
 
     def add(self, lease: Lease) -> None:
         """An ended lease's use, folded in once."""
-        uid, n = lease.holder.uid, len(lease.devices)
+        uid, n = lease.holder.uid, lease.weight
         start, end = lease.granted_at, lease.ended_at or lease.granted_at
         value, at = self._recent.get(uid, (0.0, end))
         ref = max(at, end)
@@ -60,7 +62,7 @@ class UsageBook:
         total = self._decay(value, now, at)
         for lease in active:
             if lease.holder.uid == uid:
-                total += len(lease.devices) * _decayed_hours(lease.granted_at, now, now, self.half_life_s)
+                total += lease.weight * _decayed_hours(lease.granted_at, now, now, self.half_life_s)
         return total
 
     def in_window(self, uid: int, now: float, window_s: float, active: Iterable[Lease] = ()) -> float:
@@ -71,6 +73,6 @@ class UsageBook:
         while spans and spans[0][1] < now - longest:  # older than any window asked: gone
             spans.popleft()
         total = sum(n * max(0.0, min(end, now) - max(start, start_of_window)) for start, end, n in spans)
-        total += sum(len(lease.devices) * max(0.0, now - max(lease.granted_at, start_of_window))
+        total += sum(lease.weight * max(0.0, now - max(lease.granted_at, start_of_window))
                      for lease in active if lease.holder.uid == uid)
         return total / _HOUR

@@ -14,6 +14,7 @@ import time
 from collections import Counter
 
 from brokerd.leasing.holdings import Holdings
+from vaccel_common.units import format_mib
 
 HOLDERS_LISTED = 8  # entries named one by one; past that, devices are counted per user
 USERS_NAMED = 5  # in the counted form, the users with most devices; the rest are counted
@@ -23,23 +24,31 @@ def holders_line(holdings: Holdings) -> str:
     entries: list[str] = []
     per_user: Counter[str] = Counter()
     others: Counter[str] = Counter()
-    for device in sorted(holdings.devices.values(), key=lambda d: d.index):
+    for device in sorted(holdings.devices.values(), key=lambda d: (d.index, d.mig_index)):
         lease_id = holdings.owner.get(device.uuid)
+        name = device.label
         if lease_id is not None:
             lease = holdings.leases[lease_id]
             user = str(lease.holder.user or lease.holder.uid)
             per_user[user] += 1
             since = time.strftime("%H:%M", time.localtime(lease.granted_at))
-            entries.append(f"gpu{device.index} {user} since {since}")
+            entries.append(f"{name} {user} since {since}")
+        elif device.uuid in holdings.shares:
+            shares = [holdings.leases[i] for i in holdings.shares[device.uuid]]
+            for lease in shares:
+                per_user[str(lease.holder.user or lease.holder.uid)] += lease.weight
+            entries.append(f"{name} shared: " + ", ".join(
+                f"{lease.holder.user or lease.holder.uid} {format_mib(lease.share_mib)}" for lease in shares)
+                + f", {format_mib(max(0, holdings.room(device.uuid)))} free")
         elif device.uuid in holdings.drained:
             others["drained"] += 1
-            entries.append(f"gpu{device.index} drained: {holdings.drained[device.uuid]}")
+            entries.append(f"{name} drained: {holdings.drained[device.uuid]}")
         elif device.uuid in holdings.unavailable:
             others["busy"] += 1
-            entries.append(f"gpu{device.index} busy: {holdings.unavailable[device.uuid]}")
+            entries.append(f"{name} busy: {holdings.unavailable[device.uuid]}")
         elif not device.healthy:
             others["unhealthy"] += 1
-            entries.append(f"gpu{device.index} unhealthy")
+            entries.append(f"{name} unhealthy")
     if len(entries) <= HOLDERS_LISTED:
         return ", ".join(entries) if entries else "no device is leased"
     return _counted(per_user, others, len(holdings.devices))
@@ -47,9 +56,9 @@ def holders_line(holdings: Holdings) -> str:
 
 def _counted(per_user: Counter[str], others: Counter[str], devices: int) -> str:
     users = sorted(per_user.items(), key=lambda item: (-item[1], item[0]))
-    if users:
-        line = f"{sum(per_user.values())} of {devices} devices leased: " + ", ".join(
-            f"{user} {count}" for user, count in users[:USERS_NAMED])
+    if users:  # a share counts as its part of its device: "alice 2.25"
+        line = f"{sum(per_user.values()):.3g} of {devices} devices leased: " + ", ".join(
+            f"{user} {count:.3g}" for user, count in users[:USERS_NAMED])
         if len(users) > USERS_NAMED:
             line += f" and {len(users) - USERS_NAMED} more users"
     else:

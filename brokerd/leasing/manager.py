@@ -7,7 +7,8 @@ anyone hears of it. Who may ask for what is not decided here: the service checks
 first, in brokerd/core/permissions.py.
 
 Invariants (checked by `check_invariants`):
-- a device is owned by at most one active lease, and every active lease owns its devices;
+- a device is owned by at most one active lease or shared by share leases whose shares
+  fit its memory, never both, and every active lease holds its devices or its share;
 - a multi-device lease got all its devices in one step (`_grant` takes the whole set);
 - a queued request holds nothing;
 - a queued request that its own user's leases block, or that a policy limit holds back,
@@ -24,7 +25,7 @@ from __future__ import annotations
 import math
 import secrets
 import time
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from brokerd.base.process import Holder, ProcessId
@@ -34,6 +35,7 @@ from brokerd.leasing import endings
 from brokerd.leasing.errors import Busy, Ended, LeaseError, NotFound, Unsatisfiable
 from brokerd.leasing.evaluations import Evaluations
 from brokerd.leasing.fairshare import UsageBook
+from brokerd.leasing.grants import lease_for
 from brokerd.leasing.holders_line import holders_line
 from brokerd.leasing.holdings import Holdings
 from brokerd.leasing.model import (
@@ -50,9 +52,9 @@ from brokerd.leasing.model import (
     UserLimits,
 )
 from brokerd.leasing.queue import LeaseQueue
-from brokerd.leasing.queue_rules import BACKFILL, wait_reason
+from brokerd.leasing.queue_rules import BACKFILL
 from brokerd.leasing.reservations import Reservations
-from brokerd.leasing.selection import select_devices
+from brokerd.leasing.shares import pick_share_device, select_whole, share_problem
 
 _HISTORY = 1000
 _NO_TERMS = LeaseTerms()
@@ -110,10 +112,6 @@ class LeaseManager:
         return self.holdings.unavailable
 
     @property
-    def last_used(self) -> dict[str, float]:
-        return self.holdings.last_used
-
-    @property
     def queue(self) -> list[Request]:
         """The waiting requests, in the order they are served."""
         return self.waiting.requests
@@ -146,6 +144,11 @@ class LeaseManager:
         """Take a device out of the pool (a lease it carries runs on), or put it back."""
         self.holdings.drain(uuid, reason, undo=undo)
 
+    def set_sharing(self, uuids: Iterable[str]) -> None:
+        """Which devices are leased by memory from now on (brokerd/leasing/shares.py); the
+        shares and whole leases already granted run on as they are."""
+        self.holdings.shared = frozenset(uuids)
+
     # -- requests ----------------------------------------------------------------------
 
     def submit(
@@ -173,6 +176,8 @@ class LeaseManager:
         if ask.only:
             evaluation = self.waiting.only(evaluation, ask.only, requirement.gpus)
         request = Request(self._new_id("r-"), holder, requirement, evaluation, terms, self._clock(), ask, limits)
+        if ask.memory_mib and (problem := share_problem(request, self.holdings)):
+            raise Unsatisfiable(problem, evaluation)
         # The requests ahead of it in the queue's order keep what they will start on; the
         # newcomer may take only what they leave it (or backfill).
         order, basis = self.waiting.fair_order_with(request)
@@ -183,9 +188,10 @@ class LeaseManager:
         reserved = self.waiting.reservations()
         free = self.holdings.free()
         eligible = set(evaluation.eligible)
-        # What those ahead keep matters only if enough free devices exist to take: on a
-        # full host (hundreds waiting) a newcomer then costs no pass over the queue.
-        if sum(1 for d in free if d.uuid in eligible) >= requirement.gpus:
+        # What those ahead keep matters only if enough free devices (or shared memory) exist
+        # to take: on a full host (hundreds waiting) a newcomer then costs no pass over the queue.
+        if (sum(1 for d in free if d.uuid in eligible) >= requirement.gpus if not ask.memory_mib
+                else any(self.holdings.room(d.uuid) >= ask.memory_mib for d in self.holdings.shareable())):
             for ahead in ahead_of_it:
                 if not self.waiting.limit(ahead, reserved):  # their reasons stay the last pump's
                     reserved.add(ahead)
@@ -195,24 +201,28 @@ class LeaseManager:
             if lease is not None:
                 return lease
             ahead = {r.holder.uid for r in ahead_of_it} - {holder.uid}
-            request.reason = wait_reason(request, reserved, free, len(ahead))
+            request.reason = self.waiting.wait_reason(request, reserved, free, len(ahead))
             self.waiting.backfill_told |= request.reason.startswith(BACKFILL)
         if not wait:
-            raise Busy(f"no free device satisfies the request now ({request.reason or 'busy'}); "
-                       f"{self.holders_summary()}")
+            what = "no shared device has room for the share" if ask.memory_mib else \
+                "no free device satisfies the request"
+            raise Busy(f"{what} now ({request.reason or 'busy'}); {self.holders_summary()}")
         self.waiting.set_in_order(order, basis)
         return request
 
     def _try_grant(self, request: Request, reserved: Reservations, free: list[Device]) -> Lease | None:
         """Grant `request` on what is `free` (the caller's list, still true) and not kept
-        for those ahead, if enough is."""
+        for those ahead, if enough is; a share on a shared device's memory."""
+        if request.ask.memory_mib:
+            device = pick_share_device(request, self.holdings, reserved)
+            return self._grant(request, [device]) if device is not None else None
         eligible = set(request.evaluation.eligible)
         free = [d for d in free if d.uuid in eligible]
         if not reserved.keeps_nothing:
             free = [d for d in free if reserved.permits(d.uuid, request)]
         if len(free) < request.requirement.gpus:
             return None
-        chosen = select_devices(request.requirement, free, self.last_used, request.evaluation)
+        chosen = select_whole(request.requirement, free, self.holdings, request.evaluation)
         if not chosen:
             return None
         # One lease drives one backend: the policy never mixes vendors in one grant.
@@ -220,25 +230,13 @@ class LeaseManager:
         return self._grant(request, chosen)
 
     def _grant(self, request: Request, devices: Sequence[Device]) -> Lease:
-        now = self._clock()
         uuids = tuple(d.uuid for d in devices)
+        share = request.ask.memory_mib
         assert len(set(uuids)) == len(uuids) == request.requirement.gpus
-        assert all(u not in self.owner for u in uuids), "device granted twice"
-        lease = Lease(
-            id=self._new_id("l-"),
-            holder=request.holder,
-            devices=uuids,
-            backend=devices[0].backend,
-            granted_at=now,
-            expires_at=endings.end_of(now, request.ask.time_limit_s, self.max_duration_s),
-            terms=request.terms,
-            warnings=request.evaluation.warnings_for(uuids),
-            simulated=any(d.simulated for d in devices),
-            last_heartbeat=now,
-            requested_at=request.since,
-            reservation=request.ask.reservation,
-            time_limit_s=request.ask.time_limit_s,
-        )
+        assert all(u not in self.owner and (share or u not in self.holdings.shares) for u in uuids), \
+            "device granted twice"
+        assert not share or self.holdings.room(uuids[0]) >= share, "share over the device's memory"
+        lease = lease_for(request, devices, self._new_id("l-"), self._clock(), self.max_duration_s)
         self.holdings.take(lease)
         return lease
 
@@ -368,16 +366,18 @@ class LeaseManager:
 
     def restore(self, lease: Lease) -> None:
         """Put back a lease read from the store at start-up; its heartbeat clock restarts."""
-        clash = [u for u in lease.devices if u in self.owner]
+        clash = [u for u in lease.devices if u in self.owner or (not lease.share_mib and u in self.holdings.shares)]
         if clash:
             raise LeaseError(f"state holds two live leases on device {clash[0]}")
+        if lease.share_mib and sum(self.holdings.shares.get(lease.devices[0], {}).values()) + lease.share_mib \
+                > lease.share_of_mib:
+            raise LeaseError(f"state holds shares of device {lease.devices[0]} over its memory")
         self.holdings.take(replace(lease, last_heartbeat=self._clock()))
 
     # -- views -------------------------------------------------------------------------
 
     def holders_summary(self) -> str:
-        """"gpu0 alice since 10:02, gpu1 bob since 09:41", or on a large host the devices
-        counted per user (brokerd/leasing/holders_line.py)."""
+        """"gpu0 alice since 10:02, gpu1 bob since 09:41", or counted per user (holders_line.py)."""
         return holders_line(self.holdings)
 
     # -- the queue ---------------------------------------------------------------------

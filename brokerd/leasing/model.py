@@ -17,7 +17,8 @@ HOLDER_EXITED = "holder_exited"
 LOST = "lost"  # its device vanished or turned unhealthy, or could not be opened for its holder
 IDLE = "idle"  # reclaimed: its devices showed no use while others waited
 TIME_LIMIT = "time_limit"  # reached the time limit it was granted with
-ENDED_STATES = (RELEASED, EXPIRED, REVOKED, HOLDER_EXITED, LOST, IDLE, TIME_LIMIT)
+OVER_BUDGET = "over_budget"  # a memory share that used more than its share for longer than the grace
+ENDED_STATES = (RELEASED, EXPIRED, REVOKED, HOLDER_EXITED, LOST, IDLE, TIME_LIMIT, OVER_BUDGET)
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,11 @@ class Lease:
     # under it (the reply was lost) gets this lease back (brokerd/core/acquiring.py).
     request_key: str = ""
     container: ContainerHold | None = None  # the container it is applied to
+    # A memory share (brokerd/leasing/shares.py): it holds share_mib of its one device, a
+    # device of memory share_of_mib when granted, beside other shares. 0: it holds its
+    # devices whole.
+    share_mib: int = 0
+    share_of_mib: int = 0
 
     @property
     def active(self) -> bool:
@@ -81,6 +87,14 @@ class Lease:
         container holds (its init's exit ends it)."""
         return not self.reservation and not (self.container is not None and self.container.held)
 
+    @property
+    def weight(self) -> float:
+        """How many devices it counts as, for fair share, limits and accounting: a share
+        counts as its part of the device's memory."""
+        if self.share_mib and self.share_of_mib:
+            return self.share_mib / self.share_of_mib
+        return float(len(self.devices))
+
 
 @dataclass(frozen=True)
 class Ask:
@@ -90,6 +104,7 @@ class Ask:
     time_limit_s: float = 0.0  # 0 = none (the manager's maximum duration applies)
     only: tuple[str, ...] = ()  # device uuids it may have; empty = any
     reservation: bool = False
+    memory_mib: int = 0  # > 0: a share of this much memory of one shared device, not whole devices
 
 
 @dataclass(frozen=True)

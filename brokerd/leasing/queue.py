@@ -16,7 +16,8 @@ from brokerd.leasing.fairshare import UsageBook
 from brokerd.leasing.holdings import Holdings
 from brokerd.leasing.model import Grant, Lease, Request
 from brokerd.leasing.queue_rules import BACKFILL, OrderBasis, fair_order_and_basis, limit_reason, wait_reason
-from brokerd.leasing.reservations import NEVER, Reservations
+from brokerd.leasing.reservations import NEVER, Reservations, Room
+from brokerd.leasing.shares import share_wait_reason
 
 TryGrant = Callable[[Request, Reservations, list[Device]], "Lease | None"]
 
@@ -46,7 +47,7 @@ class LeaseQueue:
             devices = self.holdings.devices
             unfit = [u for u in only if u not in eligible]
             why = "; ".join(
-                f"gpu{devices[u].index}: " + "; ".join(
+                f"{devices[u].label}: " + "; ".join(
                     f"{ln.name}: {ln.message}" for ln in evaluation.per_device.get(u, ()) if ln.level == "ERROR")
                 for u in unfit if u in devices)
             named = len(only)
@@ -131,6 +132,9 @@ class LeaseQueue:
         now = self._clock()
         holdings = self.holdings
 
+        def ends(lease_id: str) -> float:
+            return holdings.leases[lease_id].expires_at or NEVER
+
         def available_at() -> dict[str, float]:
             when = {}
             for uuid in holdings.devices:
@@ -138,10 +142,26 @@ class LeaseQueue:
                 if state == "free":
                     when[uuid] = now
                 elif state == "leased":
-                    when[uuid] = holdings.leases[holdings.owner[uuid]].expires_at or NEVER
+                    when[uuid] = ends(holdings.owner[uuid])
+                elif state == "shared":  # whole once its last share ends
+                    when[uuid] = max(map(ends, holdings.shares[uuid]))
             return when
 
-        return Reservations(holdings.leases.values(), now=now, available_at=available_at)
+        def rooms() -> dict[str, Room]:
+            return {d.uuid: Room(d.memory_mib, [(mib, ends(lease_id)) for lease_id, mib in
+                                                holdings.shares.get(d.uuid, {}).items()],
+                                 ends(holdings.owner[d.uuid]) if d.uuid in holdings.owner else now)
+                    for u in holdings.shared if (d := holdings.devices.get(u)) is not None and d.healthy
+                    and u not in holdings.drained and u not in holdings.unavailable}
+
+        return Reservations(holdings.leases.values(), now=now, available_at=available_at, rooms=rooms)
+
+    def wait_reason(self, request: Request, reserved: Reservations, free: list[Device], users_ahead: int) -> str:
+        """Why a request that no limit holds back still waits (queue_rules, or for a memory
+        share brokerd/leasing/shares.py)."""
+        if request.ask.memory_mib:
+            return share_wait_reason(request, self.holdings, reserved, users_ahead)
+        return wait_reason(request, reserved, free, users_ahead)
 
     def limit(self, request: Request, reserved: Reservations) -> str:
         """The policy limit that holds the request back now ("" when none does): such a
@@ -184,7 +204,8 @@ class LeaseQueue:
         order, basis = self.fair_order()
         told_backfill_before, self.backfill_told = self.backfill_told, False
         for at, request in enumerate(order):
-            if not free:  # nothing left to grant: the rest keep their place and their reasons...
+            if not free and not self.holdings.share_room_left():  # nothing left to grant: the rest keep
+                # their place and their reasons...
                 rest = order[at:]
                 if told_backfill_before:  # ...but "backfill window": no free device is kept any more
                     self._tell_backfill_waiters(rest, reserved, users_ahead)
@@ -199,7 +220,7 @@ class LeaseQueue:
             if lease is None:
                 waiting.append(request)
                 others = len(users_ahead - {request.holder.uid})
-                request.reason = wait_reason(request, reserved, free, others)
+                request.reason = self.wait_reason(request, reserved, free, others)
                 self.backfill_told |= request.reason.startswith(BACKFILL)
                 reserved.add(request)
                 users_ahead.add(request.holder.uid)
@@ -210,15 +231,14 @@ class LeaseQueue:
         self.set_in_order(waiting, basis)  # the order, less what was granted
         return grants
 
-    @staticmethod
-    def _tell_backfill_waiters(rest: list[Request], reserved: Reservations, users_ahead: set[int]) -> None:
+    def _tell_backfill_waiters(self, rest: list[Request], reserved: Reservations, users_ahead: set[int]) -> None:
         """The requests behind the last free device that were told of a backfill window
         are told why they wait now. A pass over all of them, taken only when some request
         was told of one: the pump's common case, a release on a full host, takes none
         (the pass cost ~0.7 ms of the daemon per grant at 500 waiting)."""
         for request in rest:
             if request.reason.startswith(BACKFILL):
-                request.reason = wait_reason(request, reserved, [], len(users_ahead - {request.holder.uid}))
+                request.reason = self.wait_reason(request, reserved, [], len(users_ahead - {request.holder.uid}))
             users_ahead.add(request.holder.uid)
 
     def position(self, request_id: str) -> tuple[int, int]:

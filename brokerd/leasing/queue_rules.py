@@ -19,9 +19,11 @@ from dataclasses import dataclass
 from brokerd.devices.model import Device
 from brokerd.leasing.model import Request
 from brokerd.leasing.reservations import NEVER, Reservations
+from brokerd.leasing.shares import request_weight
 from vaccel_common.units import format_duration
 
 BACKFILL = "backfill window"  # how a wait_reason() that names a backfill window starts
+_SLACK = 1e-9  # shares add up in floating point: four quarters make one device
 
 
 # A request this close to turning old enough to go first is sorted again rather than
@@ -156,16 +158,18 @@ def fair_order(queue: list[Request], now: float, aging_s: float, recent: Callabl
 
 
 def _names(uuids: set[str], devices: Mapping[str, Device]) -> str:
-    return ", ".join(sorted(f"gpu{devices[u].index}" for u in uuids if u in devices))
+    return ", ".join(sorted(devices[u].label for u in uuids if u in devices))
 
 
 def limit_reason(request: Request, reserved: Reservations, devices: Mapping[str, Device],
                  window_hours: Callable[[int, float], float]) -> str:
-    """Why a policy limit holds the request back now, "" when none does."""
+    """Why a policy limit holds the request back now, "" when none does. A memory share
+    counts as its part of its device (brokerd/leasing/shares.py)."""
     limits, uid = request.limits, request.holder.uid
     held = reserved.held_by(uid)
-    if limits.max_devices and len(held) + request.requirement.gpus > limits.max_devices:
-        return (f"limit max_devices={limits.max_devices} for {limits.policy}: you hold {len(held)}"
+    weight = reserved.weight_of(uid)
+    if limits.max_devices and weight + request_weight(request, devices) > limits.max_devices + _SLACK:
+        return (f"limit max_devices={limits.max_devices} for {limits.policy}: you hold {weight:.3g}"
                 f" ({_names(held, devices)})")
     if limits.max_device_hours:
         used = window_hours(uid, limits.window_s)

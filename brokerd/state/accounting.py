@@ -43,7 +43,9 @@ from brokerd.state.report import STILL_ACTIVE, Report, UsageRow, build_report
 log = logging.getLogger("vaccel.brokerd")
 
 DB_NAME = "accounting.db"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Columns each older version lacks, added in place when the file is opened.
+_MIGRATIONS = {1: ("ALTER TABLE usage ADD COLUMN weight REAL",)}
 PRUNE_EVERY_S = 86400.0
 DEFAULT_SPAN_S = 7 * 86400.0  # a report that names no start covers the last week
 
@@ -55,12 +57,14 @@ CREATE TABLE IF NOT EXISTS usage (
     devices TEXT NOT NULL,
     granted_at REAL NOT NULL, ended_at REAL NOT NULL, wait_s REAL NOT NULL,
     state TEXT NOT NULL, end_reason TEXT NOT NULL, reservation INTEGER NOT NULL,
-    util_mean_pct REAL, idle_device_s REAL
+    util_mean_pct REAL, idle_device_s REAL,
+    weight REAL  -- a memory share's part of its device (device-hours x this); NULL: its devices
 );
 CREATE INDEX IF NOT EXISTS usage_ended ON usage(ended_at);
 """
 _COLUMNS = ("lease_id, uid, user, gid, devices, granted_at, ended_at, wait_s, state, end_reason, "
-            "reservation, util_mean_pct, idle_device_s")
+            "reservation, util_mean_pct, idle_device_s, weight")
+_MARKS = ",".join("?" * 14)
 
 @dataclass
 class _Live:
@@ -85,13 +89,14 @@ def usage_row(lease: Lease, live: _Live | None, now: float, gid: int) -> UsageRo
         reservation=lease.reservation,
         util_mean_pct=live.util_s / live.sampled_s if sampled and live else None,
         idle_device_s=live.idle_s if sampled and live else None,
+        weight=lease.weight if lease.share_mib else None,
     )
 
 
 def _values(row: UsageRow) -> tuple:
     return (row.lease_id, row.uid, row.user, row.gid, json.dumps(list(row.devices)), row.granted_at,
             row.ended_at, row.wait_s, row.state, row.end_reason, int(row.reservation), row.util_mean_pct,
-            row.idle_device_s)
+            row.idle_device_s, row.weight)
 
 
 def _from_db(r: tuple, devices: dict[str, tuple[str, ...]]) -> UsageRow:
@@ -100,7 +105,7 @@ def _from_db(r: tuple, devices: dict[str, tuple[str, ...]]) -> UsageRow:
     held = devices.get(r[4])
     if held is None:
         held = devices[r[4]] = tuple(json.loads(r[4]))
-    return UsageRow(r[0], r[1], r[2], r[3], held, *r[5:10], bool(r[10]), r[11], r[12])
+    return UsageRow(r[0], r[1], r[2], r[3], held, *r[5:10], bool(r[10]), r[11], r[12], r[13])
 
 
 def _open(path: Path) -> sqlite3.Connection:
@@ -114,6 +119,11 @@ def _open(path: Path) -> sqlite3.Connection:
         row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
         if row is None:
             conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        elif row[0] in {str(v) for v in _MIGRATIONS}:
+            for version in range(int(row[0]), SCHEMA_VERSION):
+                for statement in _MIGRATIONS[version]:
+                    conn.execute(statement)
+            conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
         elif row[0] != str(SCHEMA_VERSION):
             raise sqlite3.DatabaseError(f"schema version {row[0]}, this daemon knows {SCHEMA_VERSION}")
     except sqlite3.DatabaseError:
@@ -172,7 +182,7 @@ class Accounting(LeaseHook):
                   if not lease.active]
         if missed:
             self._logged(self._writer.submit(lambda conn: conn.executemany(
-                f"INSERT OR IGNORE INTO usage ({_COLUMNS}) VALUES ({','.join('?' * 13)})",
+                f"INSERT OR IGNORE INTO usage ({_COLUMNS}) VALUES ({_MARKS})",
                 [_values(r) for r in missed])), "the leases that ended before this start")
         self.prune()
 
@@ -182,7 +192,7 @@ class Accounting(LeaseHook):
     def ended(self, lease: Lease) -> None:
         row = usage_row(lease, self._live.pop(lease.id, None), self._clock(), self._gid(lease))
         self._logged(self._writer.submit(gather=True, op=lambda conn: conn.execute(
-            f"INSERT OR REPLACE INTO usage ({_COLUMNS}) VALUES ({','.join('?' * 13)})", _values(row))),
+            f"INSERT OR REPLACE INTO usage ({_COLUMNS}) VALUES ({_MARKS})", _values(row))),
             f"the end of lease {lease.id}")
 
     def _gid(self, lease: Lease) -> int:

@@ -39,6 +39,11 @@ class UsageRow:
     reservation: bool = False
     util_mean_pct: float | None = None
     idle_device_s: float | None = None
+    weight: float | None = None  # devices it counted as, a memory share its part of its device; None: its devices
+
+    @property
+    def device_weight(self) -> float:
+        return float(len(self.devices)) if self.weight is None else self.weight
 
 
 @dataclass(frozen=True)
@@ -97,7 +102,7 @@ class _Tally:
         self.waits: dict[str, float] = {}
         self.ends: dict[str, str] = {}
 
-    def add(self, row: UsageRow, start: float, end: float, devices: int) -> None:
+    def add(self, row: UsageRow, start: float, end: float, devices: float) -> None:
         span = end - start
         self.seconds += devices * span
         if row.idle_device_s is not None:
@@ -144,7 +149,7 @@ class _Days:
         i = bisect.bisect_right(self.starts, start) - 1
         while True:
             following = self.starts[i + 1]
-            tallies.setdefault(self.keys[i], _Tally()).add(row, start, min(end, following), len(row.devices))
+            tallies.setdefault(self.keys[i], _Tally()).add(row, start, min(end, following), row.device_weight)
             if end <= following:
                 return
             i, start = i + 1, following
@@ -173,17 +178,17 @@ def build_report(
         if clipped is None:
             continue
         start, end = clipped
-        total.add(row, start, end, len(row.devices))
+        total.add(row, start, end, row.device_weight)
         if personal and hide_other_users_for_uid is not None and row.uid != hide_other_users_for_uid:
             hidden = True
             continue
         if by == "user":
-            tallies.setdefault(row.user or str(row.uid), _Tally()).add(row, start, end, len(row.devices))
+            tallies.setdefault(row.user or str(row.uid), _Tally()).add(row, start, end, row.device_weight)
         elif by == "group":
-            tallies.setdefault(group_of(row.gid), _Tally()).add(row, start, end, len(row.devices))
+            tallies.setdefault(group_of(row.gid), _Tally()).add(row, start, end, row.device_weight)
         elif by == "device":
             for uuid in row.devices:
-                tallies.setdefault(uuid, _Tally()).add(row, start, end, 1)
+                tallies.setdefault(uuid, _Tally()).add(row, start, end, row.device_weight / len(row.devices))
         elif days is not None:
             days.add(tallies, row, start, end)
     keyed = sorted(tallies.items()) if by == "day" else sorted(

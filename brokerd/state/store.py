@@ -14,7 +14,8 @@ How far a commit goes (docs/durability.md has the argument and the measurements)
 - durability = "power": every commit is fsync'd (synchronous=FULL).
 
 The `holdings` table has the device uuid as its primary key, so the database itself
-refuses a second live lease on a device even if the manager had a bug. The wait queue is
+refuses a second live lease on a device even if the manager had a bug. A memory share
+(brokerd/leasing/shares.py) holds no row there: its lease row says its device and share. The wait queue is
 kept the same way: a waiting request is on disk before its client hears its position.
 
 At start-up the store refuses a file it cannot trust (not SQLite, failed integrity
@@ -36,67 +37,16 @@ from brokerd.contract import CheckLine
 from brokerd.leasing.model import ACTIVE, Lease, LeaseTerms
 from brokerd.state.container_row import container_from_text, container_text
 from brokerd.state.queue_record import WaitRecord
+from brokerd.state.schema import MIGRATIONS, SCHEMA, SCHEMA_VERSION, migrate
 from brokerd.state.writer import Commits, Op, StateError, Then
 
 __all__ = ["DB_NAME", "DURABILITY", "SCHEMA_VERSION", "LeaseStore", "StateError"]
 
 log = logging.getLogger("vaccel.brokerd")
 
-SCHEMA_VERSION = 4
-# Columns each older version lacks, added in place at start-up (after the read-only checks).
-_MIGRATIONS: dict[int, tuple[str, ...]] = {
-    1: (
-        "ALTER TABLE leases ADD COLUMN requested_at REAL NOT NULL DEFAULT 0",
-        "ALTER TABLE leases ADD COLUMN reservation INTEGER NOT NULL DEFAULT 0",
-        "ALTER TABLE leases ADD COLUMN notice TEXT NOT NULL DEFAULT ''",
-        "ALTER TABLE leases ADD COLUMN time_limit_s REAL NOT NULL DEFAULT 0",
-        "ALTER TABLE leases ADD COLUMN ending_state TEXT NOT NULL DEFAULT ''",
-    ),
-    2: ("ALTER TABLE leases ADD COLUMN request_key TEXT NOT NULL DEFAULT ''",),
-    3: ("ALTER TABLE leases ADD COLUMN container TEXT NOT NULL DEFAULT ''",),
-}
 DB_NAME = "leases.db"
 _HISTORY_DAYS = 30
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS leases (
-    id TEXT PRIMARY KEY,
-    state TEXT NOT NULL,
-    uid INTEGER NOT NULL, gid INTEGER NOT NULL, pid INTEGER NOT NULL,
-    start_time INTEGER NOT NULL, user TEXT NOT NULL, command TEXT NOT NULL,
-    devices TEXT NOT NULL, backend TEXT NOT NULL,
-    granted_at REAL NOT NULL, expires_at REAL NOT NULL,
-    ended_at REAL NOT NULL DEFAULT 0, end_reason TEXT NOT NULL DEFAULT '',
-    terms TEXT NOT NULL, warnings TEXT NOT NULL, simulated INTEGER NOT NULL,
-    members TEXT NOT NULL DEFAULT '[]',
-    requested_at REAL NOT NULL DEFAULT 0, reservation INTEGER NOT NULL DEFAULT 0,
-    notice TEXT NOT NULL DEFAULT '', time_limit_s REAL NOT NULL DEFAULT 0,
-    ending_state TEXT NOT NULL DEFAULT '', request_key TEXT NOT NULL DEFAULT '',
-    container TEXT NOT NULL DEFAULT ''
-);
-CREATE TABLE IF NOT EXISTS holdings (
-    device_uuid TEXT PRIMARY KEY,
-    lease_id TEXT NOT NULL REFERENCES leases(id)
-);
-CREATE INDEX IF NOT EXISTS leases_state ON leases(state);
--- A lease's end finds its holdings and its queue row (queue_lease, below) by lease id:
--- without these indexes, a pass over every row (every waiting request's, ~75 us at 500)
--- in the transaction the next waiter's grant shares. Made on every open, so older files
--- get them too; an older daemon opening the file keeps them up to date unknowing.
-CREATE INDEX IF NOT EXISTS holdings_lease ON holdings(lease_id);
-CREATE TABLE IF NOT EXISTS drained (device_uuid TEXT PRIMARY KEY, reason TEXT NOT NULL);
--- The wait queue, in rowid order. A granted request keeps its row (with lease_id) until
--- its waiter has the grant, so a waiter cut off by a restart still finds it.
-CREATE TABLE IF NOT EXISTS queue (
-    id TEXT PRIMARY KEY, request_key TEXT NOT NULL,
-    uid INTEGER NOT NULL, gid INTEGER NOT NULL, pid INTEGER NOT NULL,
-    start_time INTEGER NOT NULL, user TEXT NOT NULL, command TEXT NOT NULL,
-    since REAL NOT NULL, deadline REAL NOT NULL, spec BLOB NOT NULL,
-    lease_id TEXT NOT NULL DEFAULT ''
-);
-CREATE INDEX IF NOT EXISTS queue_lease ON queue(lease_id);
-"""
 
 
 DURABILITY = ("crash", "power")
@@ -111,6 +61,7 @@ def _lease_row(lease: Lease) -> tuple:
         json.dumps([asdict(w) for w in lease.warnings]), int(lease.simulated),
         json.dumps(sorted(lease.members)), lease.requested_at, int(lease.reservation), lease.notice,
         lease.time_limit_s, lease.ending_state, lease.request_key, container_text(lease.container),
+        lease.share_mib, lease.share_of_mib,
     )
 
 
@@ -118,7 +69,7 @@ def _grant_op(lease: Lease, request_id: str) -> Op:
     """The write of a grant as it is now: a lease that has already ended gets its row but
     never a device holding."""
     row = _lease_row(lease)
-    holdings = [(u, lease.id) for u in lease.devices] if lease.active else []
+    holdings = [(u, lease.id) for u in lease.devices] if lease.active and not lease.share_mib else []
 
     def op(conn: sqlite3.Connection) -> None:
         conn.execute(f"INSERT INTO leases VALUES ({','.join('?' * len(row))})", row)
@@ -151,6 +102,8 @@ def _lease_from_row(row: sqlite3.Row) -> Lease:
         ending_state=row["ending_state"],
         request_key=row["request_key"],
         container=container_from_text(row["container"]),
+        share_mib=row["share_mib"],
+        share_of_mib=row["share_of_mib"],
     )
 
 
@@ -189,8 +142,8 @@ class LeaseStore:
             conn.close()
             raise
         if found is not None and found < SCHEMA_VERSION:
-            self._migrate(conn, found)
-        conn.executescript(_SCHEMA)
+            migrate(conn, found)
+        conn.executescript(SCHEMA)
         conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
         # One read transaction, one snapshot: a file something else commits to meanwhile (a
         # test reading a live daemon's file) must not show the leases of one moment and the
@@ -209,7 +162,7 @@ class LeaseStore:
             raise StateError(self._refusal(f"a lease record is malformed ({exc})")) from exc
         finally:
             conn.execute("COMMIT")
-        expected = {u: lease.id for lease in active for u in lease.devices}
+        expected = {u: lease.id for lease in active if not lease.share_mib for u in lease.devices}
         if holdings != expected:
             raise StateError(self._refusal("its device holdings do not match its active leases"))
         conn.execute(
@@ -231,27 +184,12 @@ class LeaseStore:
             version = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
         if version is None:
             raise StateError(self._refusal("it has tables but no schema version (not written by vaccel?)"))
-        known = {str(v) for v in _MIGRATIONS} | {str(SCHEMA_VERSION)}
+        known = {str(v) for v in MIGRATIONS} | {str(SCHEMA_VERSION)}
         if version[0] not in known:
             raise StateError(self._refusal(
                 f"it has schema version {version[0]}, this daemon knows {SCHEMA_VERSION} "
                 "(was it written by a newer vaccel?)"))
         return int(version[0])
-
-    @staticmethod
-    def _migrate(conn: sqlite3.Connection, found: int) -> None:
-        """Bring an older file up to SCHEMA_VERSION in one transaction: all or nothing."""
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            for version in range(found, SCHEMA_VERSION):
-                for statement in _MIGRATIONS[version]:
-                    conn.execute(statement)
-            conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        log.info("lease database migrated from schema version %d to %d", found, SCHEMA_VERSION)
 
     def _refusal(self, why: str) -> str:
         return (

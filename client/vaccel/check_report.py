@@ -34,7 +34,8 @@ def render_check(reply: broker_pb2.CheckReply) -> str:
     for dc in reply.devices:
         d = dc.device
         state = "eligible" if dc.eligible else "not eligible"
-        out.append(f"GPU {d.index}  {d.name}  {state}")
+        number = d.label.removeprefix("gpu") if d.label else d.index  # 1.0: instance 0 of GPU 1 (MIG)
+        out.append(f"GPU {number}  {d.name}  {state}")
         out.extend(render_line(ln) for ln in dc.checks)
     if reply.satisfiable:
         eligible = sum(1 for dc in reply.devices if dc.eligible)

@@ -113,8 +113,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     wait = wait_arg(args)
     gpus, devices = devices_arg(args)
     args.time = time_arg(args.time)  # seconds from here on (vaccel/slurm_submit.py reads it too)
-    if args.lease and (devices or args.time or args.gpus is not None):
-        raise CliError("--lease runs inside an existing lease: --gpus, --device and --time belong to "
+    if args.lease and (devices or args.time or args.gpus is not None or args.memory):
+        raise CliError("--lease runs inside an existing lease: --gpus, --memory, --device and --time belong to "
                        "the lease (vaccel reserve), not to the run", EXIT_USAGE)
     warn_signal = signal_number(args.signal)
     container = _container_run(command)
@@ -134,6 +134,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             config=args.config, wait=wait, socket=args.socket, quiet=args.quiet, time_limit=args.time,
             devices=devices, lease_id=args.lease or "", warn_signal=warn_signal, container=container,
             count_given=args.gpus is not None or bool(devices),
+            memory_mib=size_arg(args.memory, "--memory"),
         )
     except CommandNotFound as exc:
         raise CliError(str(exc), exc.exit_code) from None
@@ -261,6 +262,8 @@ def _add_run(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                    help="how many devices, all at once (default 1, or as many as --device names; inside a "
                         "lease: all of it)")
     p.add_argument("--min-memory", metavar="SIZE", help="memory each device must have, with a unit: 20GiB, 512MiB")
+    p.add_argument("--memory", metavar="SIZE", help="a share of this much memory of one shared GPU instead of "
+                   "a whole one, e.g. 20GiB (docs/sharing.md)")
     p.add_argument("--time", metavar="DURATION",
                    help="the lease's time limit: 90m, 2h, 1d12h, or as Slurm writes it (01:30:00, 1-12:00:00); a "
                         "bare number is refused (Slurm reads 90 as minutes). Default: the broker's policy. A short "

@@ -73,19 +73,19 @@ def table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
-def size_arg(text: str | None) -> int:
+def size_arg(text: str | None, option: str = "--min-memory") -> int:
     if text is None:
         return 0
     if text.strip().replace(".", "", 1).isdigit():
         # A bare number would be bytes: `--min-memory 20` almost always means 20 GiB.
-        raise CliError(f"--min-memory {text.strip()}: give a unit, e.g. {text.strip()}GiB or {text.strip()}MiB",
+        raise CliError(f"{option} {text.strip()}: give a unit, e.g. {text.strip()}GiB or {text.strip()}MiB",
                        EXIT_USAGE)
     try:
         mib = parse_size_mib(text)
     except ValueError as exc:
-        raise CliError(f"--min-memory: {exc}", EXIT_USAGE) from None
+        raise CliError(f"{option}: {exc}", EXIT_USAGE) from None
     if mib > MOST_MIB:
-        raise CliError(f"--min-memory {text.strip()}: more memory than any device has", EXIT_USAGE)
+        raise CliError(f"{option} {text.strip()}: more memory than any device has", EXIT_USAGE)
     return mib
 
 
@@ -102,6 +102,9 @@ def devices_arg(args: argparse.Namespace) -> tuple[int, tuple[str, ...]]:
         raise CliError(f"--device {twice[0]} is named twice: name each device once", EXIT_USAGE)
     gpus = args.gpus if args.gpus is not None else max(1, len(devices))
     gpus_arg(gpus)
+    if getattr(args, "memory", None) and gpus != 1:
+        raise CliError(f"--memory asks for a share of one GPU, --gpus {gpus} for whole GPUs: give one of them "
+                       "(see docs/sharing.md)", EXIT_USAGE)
     if devices and gpus > len(devices):
         raise CliError(f"--gpus {gpus} but only {len(devices)} --device named: name at least as many", EXIT_USAGE)
     return gpus, devices

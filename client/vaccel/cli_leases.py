@@ -65,8 +65,8 @@ def cmd_leases(args: argparse.Namespace) -> int:
     now = time.time()
     if reply.leases:
         rows = [[lease.id, lease.holder.user, "(reserved)" if lease.reservation else str(lease.holder.pid),
-                 ",".join(f"gpu{d.index}" for d in lease.devices), since(lease.granted_at), time_left(lease, now),
-                 state_text(lease), lease.holder.command[:40]]
+                 ",".join(d.label or f"gpu{d.index}" for d in lease.devices), since(lease.granted_at),
+                 time_left(lease, now), state_text(lease), lease.holder.command[:40]]
                 for lease in reply.leases]
         print(shown(table(rows, ["LEASE", "USER", "PID", "DEVICES", "SINCE", "LEFT", "STATE", "COMMAND"])))
     elif not waiting:
@@ -130,7 +130,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(to_dict(reply), indent=2))
         return 0
-    name = f"gpu{reply.index} ({reply.name})"
+    name = f"{reply.label or f'gpu{reply.index}'} ({reply.name})"
     was = before[reply.uuid].drain_reason if reply.uuid in before else ""
     if args.undo and not was:
         print(f"{name} was not drained: nothing to undo ({reply.state})")

@@ -133,7 +133,7 @@ def _device_names(args: argparse.Namespace) -> dict[str, str]:
         status = rpc(connection(args), "Status", pb.StatusRequest())
     except CliError:
         return {}
-    return {d.uuid: f"gpu{d.index} ({d.uuid})" for d in status.devices}
+    return {d.uuid: f"{d.label or f'gpu{d.index}'} ({d.uuid})" for d in status.devices}
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -32,6 +32,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--device", action="append", metavar="DEV",
                    help="only this device: gpu1 or its uuid; repeat for more")
     p.add_argument("--min-memory", metavar="SIZE", help="memory each device must have: 20GiB, 512MiB")
+    p.add_argument("--memory", metavar="SIZE", help="a share of this much memory of one shared GPU, e.g. 20GiB")
     p.add_argument("--contract", metavar="FILE", help="runtime-spec.yaml the devices must satisfy")
     p.add_argument("--wait", metavar="DURATION", help="give up after waiting this long (default: wait)")
     p.add_argument("--no-wait", action="store_true", help="fail at once if the devices are busy")
@@ -43,7 +44,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 def reservation_json(held: Any) -> dict[str, Any]:
     return {
         "lease_id": held.id,
-        "devices": [{"index": d.index, "uuid": d.uuid, "name": d.name} for d in held.devices],
+        "devices": [{"index": d.index, "label": d.label, "uuid": d.uuid, "name": d.name} for d in held.devices],
+        "share_mib": held.share_mib,
         "backend": held.backend,
         "env": dict(held.env),
         "expires_at": held.expires_at,
@@ -65,7 +67,7 @@ def cmd_reserve(args: argparse.Namespace) -> int:
     try:
         request = LeaseRequest(gpus=gpus, min_memory_mib=size_arg(args.min_memory), wait=wait,
                                contract=args.contract, command="vaccel reserve", time=time_arg(args.time),
-                               devices=devices, reservation=True)
+                               devices=devices, reservation=True, memory_mib=size_arg(args.memory, "--memory"))
     except ValueError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
     with LeaseSession(args.socket, on_queue=queue_printer(quiet=False),
@@ -81,7 +83,9 @@ def cmd_reserve(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(reservation_json(held), indent=2))
         return 0
-    names = ", ".join(f"gpu{d.index} {d.name}" for d in held.devices)
+    names = ", ".join(f"{d.label} {d.name}" for d in held.devices)
+    if held.share_mib:
+        names = f"a {held.share_mib} MiB share of {names}"
     until = time.strftime("%a %H:%M", time.localtime(held.expires_at)) if held.expires_at else "released"
     left = format_duration(held.expires_at - time.time()) if held.expires_at else ""
     print(f"reserved {held.id}: {names}{' (simulated)' if held.simulated else ''}, until {until}"

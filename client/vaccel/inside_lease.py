@@ -27,14 +27,19 @@ from vaccel_common.v1 import broker_pb2 as pb
 OUTSIDE_HINT = "or run it outside the lease: env -u VACCEL_LEASE_ID vaccel run ..."
 
 
+def _label(d: pb.Device) -> str:
+    return d.label or f"gpu{d.index}"
+
+
 def _names(devices: list[pb.Device]) -> str:
-    return ", ".join(f"gpu{d.index}" for d in devices) or "no device"
+    return ", ".join(_label(d) for d in devices) or "no device"
 
 
 def _named(devices: list[pb.Device], name: str) -> pb.Device | None:
     wanted = name.strip().lower()
     for d in devices:
-        if wanted in (d.uuid.lower(), str(d.index), f"gpu{d.index}"):
+        label = _label(d).lower()
+        if wanted in (d.uuid.lower(), label, label.removeprefix("gpu")):
             return d
     return None
 
@@ -65,7 +70,7 @@ def part_asked(held: pb.Lease, *, gpus: int, whole: bool, devices: tuple[str, ..
         chosen = mine[:gpus]
     small = [d for d in chosen if min_memory_mib and d.memory_mib < min_memory_mib]
     if small:
-        raise refuse(f"--min-memory {format_mib(min_memory_mib)} is more than gpu{small[0].index} has "
+        raise refuse(f"--min-memory {format_mib(min_memory_mib)} is more than {_label(small[0])} has "
                      f"({format_mib(small[0].memory_mib)})")
     left = held.expires_at - time.time() if held.expires_at else 0.0
     if time_limit_s and held.expires_at and time_limit_s > left:

@@ -51,11 +51,12 @@ class DeviceInfo(NamedTuple):
     simulated: bool
     visible_id: str
     device_nodes: tuple[str, ...] = ()  # the device's own nodes (a render node...): a container gets them
+    label: str = ""  # how `vaccel status` names it: gpu0, or gpu0.1 for a MIG instance
 
     @classmethod
     def from_pb(cls, d: pb.Device) -> DeviceInfo:
         return cls(d.index, d.uuid, d.name, d.memory_mib, d.vendor, d.arch, d.simulated,
-                   d.visible_id or d.uuid, tuple(d.device_nodes))
+                   d.visible_id or d.uuid, tuple(d.device_nodes), d.label or f"gpu{d.index}")
 
 
 class LeaseEnding(NamedTuple):
@@ -81,6 +82,7 @@ class Lease:
         self.backend: str = msg.backend
         self.devices: list[DeviceInfo] = [DeviceInfo.from_pb(d) for d in msg.devices]
         self.memory_cap_mib: int = msg.memory_cap_mib
+        self.share_mib: int = msg.share_mib  # a memory share of its one device, 0 = whole devices
         self.simulated: bool = msg.simulated
         self.joined = joined
         self.warnings = [f"{w.name}: {w.message}" for w in msg.warnings]
@@ -99,6 +101,7 @@ class Lease:
             simulated=msg.simulated,
             memory_pool_mib=pool_mib,
             unified_memory=unified_memory,
+            share_mib=msg.share_mib,
         )
         self._lost_reason = ""
         self._released = False

@@ -71,8 +71,11 @@ class lease:
         devices: only these devices, e.g. ["gpu1"] or uuids (gpus defaults to their number).
         on_ending: called with a LeaseEnding (lease_id, ends_at, seconds_left, reason) from
             the heartbeat thread when the lease will end soon (its time limit is near, an
-            admin revoked it with a grace, idle reclaim): checkpoint there. Default: a line
-            on stderr.
+            admin revoked it with a grace, idle reclaim, a memory share over its budget):
+            checkpoint there. Default: a line on stderr.
+        memory: a memory share of one shared GPU instead of a whole one, e.g. "20GiB"
+            (int = bytes; docs/sharing.md): the accelerator caps torch's allocator to it,
+            and the broker ends a share that keeps using more.
     """
 
     def __init__(
@@ -90,6 +93,7 @@ class lease:
         time: float | str | None = None,
         devices: Sequence[str] | None = None,
         on_ending: Callable[[LeaseEnding], None] | None = None,
+        memory: str | int | None = None,
     ) -> None:
         # Built (and checked) here so a bad argument fails at decoration time, not at the call.
         named = tuple(devices or ())
@@ -100,6 +104,7 @@ class lease:
             min_memory_mib=parse_size_mib(min_memory) if min_memory is not None else 0,
             wait=wait, contract=contract, config=config,
             command=command or " ".join(sys.argv), in_process=True, time=time, devices=named,
+            memory_mib=parse_size_mib(memory) if memory is not None else 0,
         )
         self.on_ending = on_ending or _print_ending
         self.socket = socket

@@ -52,6 +52,7 @@ from vaccel.lease_types import Lease, LeaseEnding
 from vaccel.session import LeaseRequest, LeaseSession, time_limit_s
 from vaccel_common.backends import DEVICE_ENV_VARS
 from vaccel_common.text import argv_text
+from vaccel_common.units import format_mib
 
 if TYPE_CHECKING:
     from vaccel.containers import ContainerRun
@@ -148,6 +149,7 @@ def run_under_lease(
     warn_signal: int | None = signal.SIGUSR1,
     container: ContainerRun | None = None,
     count_given: bool = True,
+    memory_mib: int = 0,
 ) -> int:
     """Lease (or join `lease_id`, or the lease this process runs inside), run `command` on
     the lease, release; return the command's exit status. Raises LeaseError,
@@ -177,7 +179,8 @@ def run_under_lease(
             _announce(False, job, f" ({source})")
             return _supervise(command, slurm_job.NoSession(), job, child_env(job, None), wake)  # type: ignore[arg-type]
         request = LeaseRequest(gpus=gpus, min_memory_mib=min_memory_mib, wait=wait, contract=contract, config=config,
-                               command=" ".join(map(argv_text, command)), time=time_limit, devices=devices)
+                               command=" ".join(map(argv_text, command)), time=time_limit, devices=devices,
+                               memory_mib=memory_mib)
         inside = "" if lease_id else os.environ.get("VACCEL_LEASE_ID", "")
         ending = _Ending(wake, warn_signal)
         with LeaseSession(socket, on_queue=queue_printer(quiet), on_lost=wake, say=lambda m: _say(False, m),
@@ -222,7 +225,9 @@ def _supervise_container(container: ContainerRun, session: LeaseSession, lease_o
 
 
 def _announce(quiet: bool, lease_obj: Lease, source: str = "") -> None:
-    names = ", ".join(f"gpu{d.index} {d.name}" for d in lease_obj.devices)
+    names = ", ".join(f"{d.label} {d.name}" for d in lease_obj.devices)
+    if lease_obj.share_mib:
+        names = f"a {format_mib(lease_obj.share_mib)} share of {names}"
     _say(quiet, f"lease {lease_obj.id}{source}: {names}" + (" (simulated)" if lease_obj.simulated else ""))
     for warning in lease_obj.warnings:
         _say(quiet, f"warning: {warning}")

@@ -85,6 +85,7 @@ class _RequestFields(NamedTuple):
     time: float | str | None = None  # the lease's time limit ("2h"); None = the broker's default
     devices: tuple[str, ...] = ()  # only these devices ("gpu1", an index or a uuid)
     reservation: bool = False  # held by the user, not this process (`vaccel reserve`)
+    memory_mib: int = 0  # > 0: a memory share of one shared device, not whole devices (docs/sharing.md)
 
 
 class LeaseRequest(_RequestFields):
@@ -104,6 +105,11 @@ class LeaseRequest(_RequestFields):
             raise ValueError(f"gpus must be a positive integer, got {self.gpus!r}")
         wait_fields(self.wait)
         time_limit_s(self.time)
+        if self.memory_mib < 0:
+            raise ValueError(f"memory must not be negative, got {self.memory_mib} MiB")
+        if self.memory_mib and self.gpus != 1:
+            raise ValueError(f"a memory share is of one GPU: ask for memory without gpus={self.gpus} "
+                             "(or for whole devices without memory)")
         return self
 
     def build(self, cwd: str) -> tuple[pb.AcquireRequest, ContractFiles]:
@@ -117,7 +123,7 @@ class LeaseRequest(_RequestFields):
             runtime_spec_yaml=files.spec_text, runtime_spec_name=files.spec_name,
             accelerator_config_yaml=files.config_text, accelerator_config_name=files.config_name,
             command=self.command[:200], time_limit_s=time_limit_s(self.time),
-            devices=list(self.devices), reservation=self.reservation,
+            devices=list(self.devices), reservation=self.reservation, memory_mib=self.memory_mib,
         )
         if self.sends_facts(files):
             from vaccel.facts import gather_facts  # imports torch: only when the facts are sent

@@ -85,7 +85,7 @@ def pick_lease(leases: Any) -> str:
 
 
 def _devices(devices: Any) -> str:
-    return ",".join(f"gpu{d.index}" for d in devices)
+    return ",".join(d.label or f"gpu{d.index}" for d in devices)
 
 
 def _left(expires_at: float) -> str:

@@ -51,7 +51,7 @@ class AttachContainerRequest(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., container_id: _Optional[str] = ..., init_pid: _Optional[int] = ..., held: _Optional[bool] = ..., warn_signal: _Optional[int] = ..., name: _Optional[str] = ..., image: _Optional[str] = ...) -> None: ...
 
 class Device(_message.Message):
-    __slots__ = ("index", "uuid", "vendor", "name", "memory_mib", "pci_bus_id", "arch", "driver_version", "memory_bandwidth_gbps", "healthy", "health_reason", "simulated", "numa_node", "backend", "state", "lease_id", "holder", "since", "memory_used_mib", "interconnect_group", "runtime_version", "compute_capability", "visible_id", "drain_reason", "gated", "time_left_s", "device_nodes", "utilization", "gate_reason")
+    __slots__ = ("index", "uuid", "vendor", "name", "memory_mib", "pci_bus_id", "arch", "driver_version", "memory_bandwidth_gbps", "healthy", "health_reason", "simulated", "numa_node", "backend", "state", "lease_id", "holder", "since", "memory_used_mib", "interconnect_group", "runtime_version", "compute_capability", "visible_id", "drain_reason", "gated", "time_left_s", "device_nodes", "utilization", "gate_reason", "label", "mig_index", "parent_uuid", "mig_profile", "sharing", "shares")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     VENDOR_FIELD_NUMBER: _ClassVar[int]
@@ -81,6 +81,12 @@ class Device(_message.Message):
     DEVICE_NODES_FIELD_NUMBER: _ClassVar[int]
     UTILIZATION_FIELD_NUMBER: _ClassVar[int]
     GATE_REASON_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    MIG_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PARENT_UUID_FIELD_NUMBER: _ClassVar[int]
+    MIG_PROFILE_FIELD_NUMBER: _ClassVar[int]
+    SHARING_FIELD_NUMBER: _ClassVar[int]
+    SHARES_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     vendor: str
@@ -110,7 +116,29 @@ class Device(_message.Message):
     device_nodes: _containers.RepeatedScalarFieldContainer[str]
     utilization: float
     gate_reason: str
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., vendor: _Optional[str] = ..., name: _Optional[str] = ..., memory_mib: _Optional[int] = ..., pci_bus_id: _Optional[str] = ..., arch: _Optional[str] = ..., driver_version: _Optional[str] = ..., memory_bandwidth_gbps: _Optional[float] = ..., healthy: _Optional[bool] = ..., health_reason: _Optional[str] = ..., simulated: _Optional[bool] = ..., numa_node: _Optional[int] = ..., backend: _Optional[str] = ..., state: _Optional[str] = ..., lease_id: _Optional[str] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ..., since: _Optional[float] = ..., memory_used_mib: _Optional[int] = ..., interconnect_group: _Optional[str] = ..., runtime_version: _Optional[str] = ..., compute_capability: _Optional[str] = ..., visible_id: _Optional[str] = ..., drain_reason: _Optional[str] = ..., gated: _Optional[bool] = ..., time_left_s: _Optional[float] = ..., device_nodes: _Optional[_Iterable[str]] = ..., utilization: _Optional[float] = ..., gate_reason: _Optional[str] = ...) -> None: ...
+    label: str
+    mig_index: int
+    parent_uuid: str
+    mig_profile: str
+    sharing: str
+    shares: _containers.RepeatedCompositeFieldContainer[Share]
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., vendor: _Optional[str] = ..., name: _Optional[str] = ..., memory_mib: _Optional[int] = ..., pci_bus_id: _Optional[str] = ..., arch: _Optional[str] = ..., driver_version: _Optional[str] = ..., memory_bandwidth_gbps: _Optional[float] = ..., healthy: _Optional[bool] = ..., health_reason: _Optional[str] = ..., simulated: _Optional[bool] = ..., numa_node: _Optional[int] = ..., backend: _Optional[str] = ..., state: _Optional[str] = ..., lease_id: _Optional[str] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ..., since: _Optional[float] = ..., memory_used_mib: _Optional[int] = ..., interconnect_group: _Optional[str] = ..., runtime_version: _Optional[str] = ..., compute_capability: _Optional[str] = ..., visible_id: _Optional[str] = ..., drain_reason: _Optional[str] = ..., gated: _Optional[bool] = ..., time_left_s: _Optional[float] = ..., device_nodes: _Optional[_Iterable[str]] = ..., utilization: _Optional[float] = ..., gate_reason: _Optional[str] = ..., label: _Optional[str] = ..., mig_index: _Optional[int] = ..., parent_uuid: _Optional[str] = ..., mig_profile: _Optional[str] = ..., sharing: _Optional[str] = ..., shares: _Optional[_Iterable[_Union[Share, _Mapping]]] = ...) -> None: ...
+
+class Share(_message.Message):
+    __slots__ = ("lease_id", "user", "uid", "memory_mib", "used_mib", "since")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
+    USED_MIB_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    user: str
+    uid: int
+    memory_mib: int
+    used_mib: int
+    since: float
+    def __init__(self, lease_id: _Optional[str] = ..., user: _Optional[str] = ..., uid: _Optional[int] = ..., memory_mib: _Optional[int] = ..., used_mib: _Optional[int] = ..., since: _Optional[float] = ...) -> None: ...
 
 class ClientFacts(_message.Message):
     __slots__ = ("python_version", "torch_version", "torch_backend", "torch_runtime_version", "kernel_archs", "ptx_archs", "distributed_available", "distributed_backends", "packages")
@@ -142,7 +170,7 @@ class ClientFacts(_message.Message):
     def __init__(self, python_version: _Optional[str] = ..., torch_version: _Optional[str] = ..., torch_backend: _Optional[str] = ..., torch_runtime_version: _Optional[str] = ..., kernel_archs: _Optional[_Iterable[str]] = ..., ptx_archs: _Optional[_Iterable[str]] = ..., distributed_available: _Optional[bool] = ..., distributed_backends: _Optional[_Iterable[str]] = ..., packages: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class AcquireRequest(_message.Message):
-    __slots__ = ("gpus", "min_memory_mib", "max_wait_seconds", "wait_forever", "runtime_spec_yaml", "runtime_spec_name", "accelerator_config_yaml", "accelerator_config_name", "client", "command", "request_key", "time_limit_s", "devices", "reservation")
+    __slots__ = ("gpus", "min_memory_mib", "max_wait_seconds", "wait_forever", "runtime_spec_yaml", "runtime_spec_name", "accelerator_config_yaml", "accelerator_config_name", "client", "command", "request_key", "time_limit_s", "devices", "reservation", "memory_mib")
     GPUS_FIELD_NUMBER: _ClassVar[int]
     MIN_MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
     MAX_WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -157,6 +185,7 @@ class AcquireRequest(_message.Message):
     TIME_LIMIT_S_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     RESERVATION_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
     gpus: int
     min_memory_mib: int
     max_wait_seconds: float
@@ -171,7 +200,8 @@ class AcquireRequest(_message.Message):
     time_limit_s: float
     devices: _containers.RepeatedScalarFieldContainer[str]
     reservation: bool
-    def __init__(self, gpus: _Optional[int] = ..., min_memory_mib: _Optional[int] = ..., max_wait_seconds: _Optional[float] = ..., wait_forever: _Optional[bool] = ..., runtime_spec_yaml: _Optional[str] = ..., runtime_spec_name: _Optional[str] = ..., accelerator_config_yaml: _Optional[str] = ..., accelerator_config_name: _Optional[str] = ..., client: _Optional[_Union[ClientFacts, _Mapping]] = ..., command: _Optional[str] = ..., request_key: _Optional[str] = ..., time_limit_s: _Optional[float] = ..., devices: _Optional[_Iterable[str]] = ..., reservation: _Optional[bool] = ...) -> None: ...
+    memory_mib: int
+    def __init__(self, gpus: _Optional[int] = ..., min_memory_mib: _Optional[int] = ..., max_wait_seconds: _Optional[float] = ..., wait_forever: _Optional[bool] = ..., runtime_spec_yaml: _Optional[str] = ..., runtime_spec_name: _Optional[str] = ..., accelerator_config_yaml: _Optional[str] = ..., accelerator_config_name: _Optional[str] = ..., client: _Optional[_Union[ClientFacts, _Mapping]] = ..., command: _Optional[str] = ..., request_key: _Optional[str] = ..., time_limit_s: _Optional[float] = ..., devices: _Optional[_Iterable[str]] = ..., reservation: _Optional[bool] = ..., memory_mib: _Optional[int] = ...) -> None: ...
 
 class Queued(_message.Message):
     __slots__ = ("position", "total", "message", "held", "request_id")
@@ -202,7 +232,7 @@ class CheckLine(_message.Message):
     def __init__(self, level: _Optional[str] = ..., name: _Optional[str] = ..., message: _Optional[str] = ..., device_uuid: _Optional[str] = ..., suggestion: _Optional[str] = ...) -> None: ...
 
 class Lease(_message.Message):
-    __slots__ = ("id", "backend", "devices", "holder", "granted_at", "expires_at", "heartbeat_interval_s", "ttl_s", "state", "end_reason", "allocator_config", "memory_cap_mib", "warnings", "member_pids", "simulated", "accelerator_config_yaml", "ended_at", "reservation", "requested_at", "notice", "time_limit_s", "slurm_job_id")
+    __slots__ = ("id", "backend", "devices", "holder", "granted_at", "expires_at", "heartbeat_interval_s", "ttl_s", "state", "end_reason", "allocator_config", "memory_cap_mib", "warnings", "member_pids", "simulated", "accelerator_config_yaml", "ended_at", "reservation", "requested_at", "notice", "time_limit_s", "slurm_job_id", "share_mib")
     ID_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
@@ -225,6 +255,7 @@ class Lease(_message.Message):
     NOTICE_FIELD_NUMBER: _ClassVar[int]
     TIME_LIMIT_S_FIELD_NUMBER: _ClassVar[int]
     SLURM_JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    SHARE_MIB_FIELD_NUMBER: _ClassVar[int]
     id: str
     backend: str
     devices: _containers.RepeatedCompositeFieldContainer[Device]
@@ -247,7 +278,8 @@ class Lease(_message.Message):
     notice: str
     time_limit_s: float
     slurm_job_id: int
-    def __init__(self, id: _Optional[str] = ..., backend: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ..., granted_at: _Optional[float] = ..., expires_at: _Optional[float] = ..., heartbeat_interval_s: _Optional[float] = ..., ttl_s: _Optional[float] = ..., state: _Optional[str] = ..., end_reason: _Optional[str] = ..., allocator_config: _Optional[str] = ..., memory_cap_mib: _Optional[int] = ..., warnings: _Optional[_Iterable[_Union[CheckLine, _Mapping]]] = ..., member_pids: _Optional[_Iterable[int]] = ..., simulated: _Optional[bool] = ..., accelerator_config_yaml: _Optional[str] = ..., ended_at: _Optional[float] = ..., reservation: _Optional[bool] = ..., requested_at: _Optional[float] = ..., notice: _Optional[str] = ..., time_limit_s: _Optional[float] = ..., slurm_job_id: _Optional[int] = ...) -> None: ...
+    share_mib: int
+    def __init__(self, id: _Optional[str] = ..., backend: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ..., granted_at: _Optional[float] = ..., expires_at: _Optional[float] = ..., heartbeat_interval_s: _Optional[float] = ..., ttl_s: _Optional[float] = ..., state: _Optional[str] = ..., end_reason: _Optional[str] = ..., allocator_config: _Optional[str] = ..., memory_cap_mib: _Optional[int] = ..., warnings: _Optional[_Iterable[_Union[CheckLine, _Mapping]]] = ..., member_pids: _Optional[_Iterable[int]] = ..., simulated: _Optional[bool] = ..., accelerator_config_yaml: _Optional[str] = ..., ended_at: _Optional[float] = ..., reservation: _Optional[bool] = ..., requested_at: _Optional[float] = ..., notice: _Optional[str] = ..., time_limit_s: _Optional[float] = ..., slurm_job_id: _Optional[int] = ..., share_mib: _Optional[int] = ...) -> None: ...
 
 class AcquireUpdate(_message.Message):
     __slots__ = ("queued", "granted")
@@ -312,7 +344,7 @@ class DrainRequest(_message.Message):
     def __init__(self, device: _Optional[str] = ..., undo: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class QueueEntry(_message.Message):
-    __slots__ = ("request_id", "requester", "gpus", "min_memory_mib", "since", "position", "reason", "time_limit_s", "devices", "slurm_job_id")
+    __slots__ = ("request_id", "requester", "gpus", "min_memory_mib", "since", "position", "reason", "time_limit_s", "devices", "slurm_job_id", "memory_mib")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     REQUESTER_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -323,6 +355,7 @@ class QueueEntry(_message.Message):
     TIME_LIMIT_S_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     SLURM_JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_MIB_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     requester: Holder
     gpus: int
@@ -333,7 +366,8 @@ class QueueEntry(_message.Message):
     time_limit_s: float
     devices: _containers.RepeatedScalarFieldContainer[str]
     slurm_job_id: int
-    def __init__(self, request_id: _Optional[str] = ..., requester: _Optional[_Union[Holder, _Mapping]] = ..., gpus: _Optional[int] = ..., min_memory_mib: _Optional[int] = ..., since: _Optional[float] = ..., position: _Optional[int] = ..., reason: _Optional[str] = ..., time_limit_s: _Optional[float] = ..., devices: _Optional[_Iterable[str]] = ..., slurm_job_id: _Optional[int] = ...) -> None: ...
+    memory_mib: int
+    def __init__(self, request_id: _Optional[str] = ..., requester: _Optional[_Union[Holder, _Mapping]] = ..., gpus: _Optional[int] = ..., min_memory_mib: _Optional[int] = ..., since: _Optional[float] = ..., position: _Optional[int] = ..., reason: _Optional[str] = ..., time_limit_s: _Optional[float] = ..., devices: _Optional[_Iterable[str]] = ..., slurm_job_id: _Optional[int] = ..., memory_mib: _Optional[int] = ...) -> None: ...
 
 class GpuProcess(_message.Message):
     __slots__ = ("pid", "uid", "user", "command", "used_memory_mib", "device_uuid", "lease_id")

@@ -76,7 +76,7 @@ class DeviceGate(LeaseHook):
         self._open = {lease.id: (lease, self._nodes(lease)) for lease in active}
         self.reconcile()
         devices = sorted(self.service.manager.devices.values(), key=lambda d: d.index)
-        ungated = [f"gpu{d.index} ({why})" for d in devices if (why := holds_back(d))]
+        ungated = [f"{d.label} ({why})" for d in devices if (why := holds_back(d))]
         log_event("gate", f"enforcement on: {sum(not gate_problem(d) for d in devices)} device(s) gated"
                   + (f"; not gated, so never granted: {', '.join(ungated)}" if ungated else ""),
                   level=logging.WARNING if ungated else logging.INFO)
@@ -88,7 +88,7 @@ class DeviceGate(LeaseHook):
             device = self.service.manager.devices.get(uuid)
             problem = "it left the inventory" if device is None else holds_back(device)
             if problem:
-                name = uuid if device is None else f"gpu{device.index}"
+                name = uuid if device is None else device.label
                 raise GateError(f"{name} is not gated ({problem}): not granted while enforcement is on")
         nodes = self._nodes(lease)
         self._open[lease.id] = (lease, nodes)

@@ -48,7 +48,7 @@ def timeline(service: BrokerService, hours: float, now: float | None = None, *, 
     now = time.time() if now is None else now
     since = now - hours * 3600
     manager = service.manager
-    devices = sorted(manager.devices.values(), key=lambda d: d.index)
+    devices = sorted(manager.devices.values(), key=lambda d: (d.index, d.mig_index))
     spans: dict[str, list[dict[str, Any]]] = {d.uuid: [] for d in devices}
     for lease in [*manager.ended.values(), *manager.leases.values()]:
         end = lease.ended_at if not lease.active else None
@@ -63,8 +63,8 @@ def timeline(service: BrokerService, hours: float, now: float | None = None, *, 
     return {
         "since": since,
         "until": now,
-        "devices": [{"index": d.index, "uuid": d.uuid, "spans": sorted(spans[d.uuid], key=lambda s: s["start"])}
-                    for d in devices],
+        "devices": [{"index": d.index, "label": d.label, "uuid": d.uuid,
+                     "spans": sorted(spans[d.uuid], key=lambda s: s["start"])} for d in devices],
     }
 
 

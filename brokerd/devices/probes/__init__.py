@@ -56,9 +56,21 @@ def run_probes(probes: list[Probe], *, cpu_fallback: bool = True) -> Snapshot:
             cpu = CpuProbe().probe()
             verdicts.append(cpu.verdict)
             devices.extend(cpu.devices)
-    renumbered = tuple(_with_index(d, i) for i, d in enumerate(devices))
+    renumbered = _renumbered(devices)
     simulated = any(d.simulated for d in renumbered)
     return Snapshot(renumbered, tuple(processes), tuple(verdicts), simulated)
+
+
+def _renumbered(devices: list[Device]) -> tuple[Device, ...]:
+    """Host-wide indexes, one per GPU: the MIG instances of one GPU share its index (they
+    are gpu0.0, gpu0.1, ...; Device.label)."""
+    out: list[Device] = []
+    gpus: dict[str, int] = {}
+    for device in devices:
+        key = device.parent_uuid if device.mig_index >= 0 else device.uuid
+        index = gpus.setdefault(key, len(gpus))
+        out.append(_with_index(device, index))
+    return tuple(out)
 
 
 def _with_index(device: Device, index: int) -> Device:

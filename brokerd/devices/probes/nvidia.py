@@ -8,7 +8,7 @@ give (NotSupported on a consumer card, an old driver without the symbol, ...) be
 `Unavailable` value and is listed in `Device.extra["unavailable"]`; it never drops the
 device. A GPU that falls off the bus between two calls (NVML_ERROR_GPU_IS_LOST) is
 reported unhealthy with what was read before, so it is not granted and its holder can
-be told.
+be told. A GPU in MIG mode is offered as its MIG instances (brokerd/devices/probes/nvidia_mig.py).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from brokerd.devices.model import Device, GpuProcess, ProbeResult, ProbeVerdict
+from brokerd.devices.probes import nvidia_mig as mig
 from brokerd.devices.probes.base import FieldLog, FieldReader, Unavailable, unavailable
 
 MIB = 1024 * 1024
@@ -97,9 +98,10 @@ class NvmlProbe:
 
     vendor = "nvidia"
 
-    def __init__(self, sysfs_root: Path = Path("/sys")) -> None:
+    def __init__(self, sysfs_root: Path = Path("/sys"), mig_minors: Path = mig.MIG_MINORS) -> None:
         # sysfs gives the NUMA node when the driver's NVML lacks nvmlDeviceGetNumaNodeId.
         self.sysfs_root = Path(sysfs_root)
+        self.mig_minors = Path(mig_minors)  # the driver's MIG access nodes, where it uses them
 
     def probe(self) -> ProbeResult:
         try:
@@ -143,6 +145,15 @@ class NvmlProbe:
                 notes.append(found)
                 continue
             device, procs = found
+            if device.extra.get("mig_mode") == "enabled":  # its instances are the devices (nvidia_mig.py)
+                reader = _Reader(nvml, FieldLog())
+                minor = device.extra.get("device_minor")
+                found_mig = mig.instances(reader, device, reader.call("nvmlDeviceGetHandleByIndex", index),
+                                          minor if isinstance(minor, int) else None, mig.cap_minors(self.mig_minors))
+                devices.extend(found_mig[0])
+                processes.extend(found_mig[1])
+                notes.extend([found_mig[2]] if found_mig[2] else [])
+                continue
             devices.append(device)
             processes.extend(procs)
         if not devices:
@@ -180,6 +191,8 @@ class NvmlProbe:
         if isinstance(numa, Unavailable):
             numa = self._sysfs_numa(bus_id)
         extra: dict[str, object] = {"nvml_index": index}
+        if isinstance(minor, int):
+            extra["device_minor"] = minor
         if reserved is not None:
             extra["memory_reserved_mib"] = reserved
         if isinstance(width, int) and isinstance(clock, int):
@@ -240,11 +253,6 @@ class NvmlProbe:
             extra["mig_mode"] = "enabled" if current else "disabled"
             if pending != current:
                 extra["mig_mode_pending"] = "enabled" if pending else "disabled"
-            if current:
-                # With MIG on, the parent UUID in CUDA_VISIBLE_DEVICES gives no usable
-                # device; vaccel leases whole GPUs.
-                problems.append("MIG mode is enabled: vaccel leases whole GPUs "
-                                "(disable it with `nvidia-smi -i N -mig 0`)")
         util = r.get("utilization", "nvmlDeviceGetUtilizationRates", handle)
         if not isinstance(util, Unavailable):
             extra["utilization_gpu_pct"] = util.gpu

@@ -11,6 +11,12 @@ only `--inventory FILE` selects it.
         driver_version: "535.54.03"
         memory_bandwidth_gbps: 2039
         device_nodes: [/dev/nvidia0]  # optional: the nodes `[enforce] mode = "acl"` gates
+        usage_file: /run/usage.json   # optional: {"PID": MiB} read at each probe, the memory
+                                      # each process uses on it (as NVML reads it per process)
+        mig:                          # optional: the GPU is in MIG mode; these instances are
+          - profile: 1g.18gb          # its leasable devices (gpu0.0, gpu0.1, ...); each may
+            uuid: MIG-6f1a0c2e-0001   # name its own device_nodes (after the GPU's) and usage_file
+            memory_mib: 16384
     processes:                        # optional: GPU processes the probe "sees"
       - device_uuid: GPU-6f1a0c2e-0000-0000-0000-000000000001
         pid: 12345
@@ -21,6 +27,8 @@ only `--inventory FILE` selects it.
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +46,9 @@ _VENDORS: dict[str, tuple[str, str]] = {
 _KNOWN_KEYS = {
     "vendor", "name", "uuid", "pci_bus_id", "memory_mib", "compute_capability", "gfx_target",
     "arch", "driver_version", "memory_bandwidth_gbps", "numa_node", "interconnect_group",
-    "healthy", "health_reason", "memory_used_mib", "runtime_version", "device_nodes",
+    "healthy", "health_reason", "memory_used_mib", "runtime_version", "device_nodes", "usage_file", "mig",
 }
+_MIG_KEYS = {"profile", "uuid", "memory_mib", "device_nodes", "usage_file"}
 
 
 class InventoryError(ValueError):
@@ -55,7 +64,54 @@ def normalise_arch(vendor: str, raw: str) -> str:
     return raw
 
 
-def _device(entry: Any, index: int, source: str) -> Device:
+def _nodes(entry: dict[str, Any], where: str) -> tuple[str, ...]:
+    nodes = entry.get("device_nodes") or []
+    if not isinstance(nodes, list) or not all(isinstance(n, str) and n.startswith("/") for n in nodes):
+        raise InventoryError(f"{where}: device_nodes must be a list of absolute paths, got {nodes!r}")
+    return tuple(nodes)
+
+
+def read_usage(entry: dict[str, Any], where: str) -> dict[int, int]:
+    """The entry's usage_file, {"PID": MiB}, as pid -> MiB; none while the file is absent."""
+    path = entry.get("usage_file")
+    if not path:
+        return {}
+    try:
+        raw = json.loads(Path(str(path)).read_text() or "{}")
+        return {int(pid): int(mib) for pid, mib in raw.items()}
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        raise InventoryError(f"{where}: usage_file {path}: expected {{\"PID\": MiB, ...}}: {exc}") from exc
+
+
+def _instances(parent: Device, listed: Any, where: str) -> tuple[Device, ...]:
+    """A GPU in MIG mode as its instances: each a device of its own, with the GPU's facts."""
+    if not isinstance(listed, list) or not listed:
+        raise InventoryError(f"{where}: mig must be a non-empty list of instances")
+    instances = []
+    for n, item in enumerate(listed):
+        at = f"{where}.mig[{n}]"
+        if not isinstance(item, dict) or not {"profile", "uuid", "memory_mib"} <= set(item) \
+                or set(item) - _MIG_KEYS:
+            raise InventoryError(f"{at}: expected profile, uuid, memory_mib (device_nodes, usage_file optional)")
+        try:
+            memory = int(item["memory_mib"])
+        except (TypeError, ValueError) as exc:
+            raise InventoryError(f"{at}: {exc}") from exc
+        if not 0 < memory <= parent.memory_mib:
+            raise InventoryError(f"{at}: memory_mib must be positive and at most the GPU's {parent.memory_mib}")
+        profile = str(item["profile"])
+        used = sum(read_usage(item, at).values())
+        instances.append(replace(
+            parent, uuid=str(item["uuid"]), name=f"{parent.name} MIG {profile}", memory_mib=memory,
+            memory_used_mib=used, mig_index=n, parent_uuid=parent.uuid, mig_profile=profile,
+            device_nodes=parent.device_nodes + _nodes(item, at)))
+    return tuple(instances)
+
+
+def _device(entry: Any, index: int, source: str) -> tuple[Device, ...]:
+    """The entry's device, or its MIG instances."""
     where = f"{source}: devices[{index}]"
     if not isinstance(entry, dict):
         raise InventoryError(f"{where}: expected a mapping, got {type(entry).__name__}")
@@ -80,10 +136,7 @@ def _device(entry: Any, index: int, source: str) -> Device:
     if memory <= 0:
         raise InventoryError(f"{where}: memory_mib must be positive, got {memory}")
     raw_arch = str(entry.get(arch_key, "") or "")
-    nodes = entry.get("device_nodes") or []
-    if not isinstance(nodes, list) or not all(isinstance(n, str) and n.startswith("/") for n in nodes):
-        raise InventoryError(f"{where}: device_nodes must be a list of absolute paths, got {nodes!r}")
-    return Device(
+    device = Device(
         index=index,
         uuid=str(entry["uuid"]),
         vendor=vendor,
@@ -96,14 +149,15 @@ def _device(entry: Any, index: int, source: str) -> Device:
         driver_version=str(entry.get("driver_version", "")),
         runtime_version=str(entry.get("runtime_version", "")),
         memory_bandwidth_gbps=bandwidth,
-        memory_used_mib=used,
+        memory_used_mib=max(used, sum(read_usage(entry, where).values())),
         numa_node=numa,
         interconnect_group=str(entry.get("interconnect_group", "")),
         healthy=bool(entry.get("healthy", True)),
         health_reason=str(entry.get("health_reason", "")),
         simulated=True,
-        device_nodes=tuple(nodes),
+        device_nodes=_nodes(entry, where),
     )
+    return _instances(device, entry["mig"], where) if "mig" in entry else (device,)
 
 
 _PROCESS_KEYS = {"device_uuid", "pid", "used_memory_mib", "user", "uid", "command"}
@@ -162,17 +216,38 @@ def _processes(doc: dict[str, Any], devices: tuple[Device, ...], source: str) ->
 
 
 def _devices(doc: dict[str, Any], source: str) -> tuple[Device, ...]:
-    devices = tuple(_device(e, i, source) for i, e in enumerate(doc["devices"]))
-    uuids = [d.uuid for d in devices]
+    devices = tuple(d for i, e in enumerate(doc["devices"]) for d in _device(e, i, source))
+    uuids = [d.uuid for d in devices] + [d.parent_uuid for d in devices if d.mig_index == 0]
     dupes = sorted({u for u in uuids if uuids.count(u) > 1})
     if dupes:
         raise InventoryError(f"{source}: duplicate uuid(s) {', '.join(dupes)}")
-    # One node opened for one device's holder must not open another device too.
-    nodes = [n for d in devices for n in d.device_nodes]
+    # One node opened for one device's holder must not open another device too (a MIG
+    # instance's nodes begin with its GPU's, which every instance of it needs).
+    nodes = [n for d in devices for n in d.device_nodes if not (d.mig_index > 0 and n in _gpu_nodes(d, devices))]
     shared = sorted({n for n in nodes if nodes.count(n) > 1})
     if shared:
         raise InventoryError(f"{source}: device node(s) {', '.join(shared)} listed for more than one device")
     return devices
+
+
+def _gpu_nodes(instance: Device, devices: tuple[Device, ...]) -> tuple[str, ...]:
+    first = next(d for d in devices if d.parent_uuid == instance.parent_uuid and d.mig_index == 0)
+    return first.device_nodes
+
+
+def _usage(doc: dict[str, Any], devices: tuple[Device, ...], source: str) -> tuple[GpuProcess, ...]:
+    """The processes each device's (or instance's) usage_file names, with the memory each uses."""
+    found: list[GpuProcess] = []
+    entries = doc["devices"]
+    for index, entry in enumerate(entries):
+        where = f"{source}: devices[{index}]"
+        listed = entry.get("mig") or [entry]
+        for n, item in enumerate(listed):
+            uuid = str(item["uuid"])
+            at = f"{where}.mig[{n}]" if "mig" in entry else where
+            found += [GpuProcess(pid=pid, device_uuid=uuid, used_memory_mib=mib)
+                      for pid, mib in read_usage(item, at).items()]
+    return tuple(found)
 
 
 def parse_inventory(text: str, source: str = "<inventory>") -> tuple[Device, ...]:
@@ -196,7 +271,7 @@ class SimulatedProbe:
         source = str(self.path)
         doc = _load(text, source)  # once: devices and processes come from one parse
         devices = _devices(doc, source)
-        processes = _processes(doc, devices, source)
+        processes = _processes(doc, devices, source) + _usage(doc, devices, source)
         verdict = ProbeVerdict(
             "simulated", True, f"{len(devices)} simulated device(s) from {self.path}"
         )

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                            on_lost=_stop_kernel, command=f"jupyter kernel {name}".strip())
         with held_lease as held:
             granted = True
-            devices = ", ".join(f"gpu{d.index} {d.name}" for d in held.devices)
+            devices = ", ".join(f"{d.label} {d.name}" for d in held.devices)
             reporter.granted(f"lease {held.id}: {devices}" + (" (simulated)" if held.simulated else ""))
             _run_ipython_kernel(args.connection_file, kernel_args)
     except (LeaseError, ContractFileError, ValueError) as exc:

@@ -16,7 +16,7 @@ from vaccel_common.units import format_duration
 
 def describe(held: Any, record: Any | None) -> str:
     """Lines for a lease (vaccel.Lease) and its record from the broker (None: unreachable)."""
-    devices = ", ".join(f"gpu{d.index} {d.name}" for d in held.devices) or "no device"
+    devices = ", ".join(f"{d.label} {d.name}" for d in held.devices) or "no device"
     lines = [f"lease {held.id}: {devices}", f"backend {held.backend}" + (" (simulated)" if held.simulated else "")]
     if record is None:
         lines.append("time left: unknown (the broker did not answer)")

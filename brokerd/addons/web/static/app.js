@@ -64,8 +64,11 @@ function now() { return Date.now() / 1000; }
 function rowLabel(key) {
   // Report rows by device are keyed by uuid: show the index `vaccel status` shows.
   const device = state.status && state.status.devices.find((d) => d.uuid === key);
-  return device ? `gpu${device.index}` : key;
+  return device ? name(device) : key;
 }
+
+// How `vaccel status` names a device: gpu0, or gpu0.1 for a MIG instance.
+function name(d) { return d.label || `gpu${d.index}`; }
 
 // The timeline zooms to the history there is, up to its 24 hours: [window, tick step] in s.
 const ZOOMS = [[120, 30], [300, 60], [600, 120], [1800, 300], [3600, 600], [3 * 3600, 1800], [6 * 3600, 3600], [12 * 3600, 2 * 3600],
@@ -102,13 +105,14 @@ function renderStatus() {
   fill("queue", s.queue.length ? table(
     ["#", "user", "pid", "wants", "waiting", "why", "command"],
     s.queue.map((q) => [q.position, q.requester.user || q.requester.uid, q.requester.pid,
-      `${q.gpus} device${q.gpus > 1 ? "s" : ""}` + (q.min_memory_mib ? `, ≥ ${mib(q.min_memory_mib)}` : ""),
+      (q.memory_mib ? `a ${mib(q.memory_mib)} share` : `${q.gpus} device${q.gpus > 1 ? "s" : ""}`) +
+        (q.min_memory_mib ? `, ≥ ${mib(q.min_memory_mib)}` : ""),
       duration(now() - q.since), q.reason || "", q.requester.command]), [0, 2, 4])
     : el("p", { class: "empty" }, "nobody is waiting"));
   fill("unleased", s.unleased_processes.length ? [
     el("p", { class: "warn" }, "These processes use a GPU without holding its lease:"),
     table(["device", "user", "pid", "memory", "command"], s.unleased_processes.map((p) => [
-      byUuid[p.device_uuid] ? `gpu${byUuid[p.device_uuid].index}` : p.device_uuid, p.user || p.uid, p.pid,
+      byUuid[p.device_uuid] ? name(byUuid[p.device_uuid]) : p.device_uuid, p.user || p.uid, p.pid,
       mib(p.used_memory_mib), p.command]), [2, 3])]
     : el("p", { class: "empty" }, "none"));
 }
@@ -124,14 +128,19 @@ function holderText(d) {
 }
 
 function deviceCard(d) {
-  const card = el("div", { class: "card", data: { device: `gpu${d.index}`, state: d.state, lease: d.lease_id || "" } },
-    el("div", { class: "top" }, el("span", {}, `gpu${d.index}`), el("span", { class: `badge ${d.state}` }, d.state)),
+  const card = el("div", { class: "card", data: { device: name(d), state: d.state, lease: d.lease_id || "" } },
+    el("div", { class: "top" }, el("span", {}, name(d)), el("span", { class: `badge ${d.state}` }, d.state)),
     el("div", { class: "name", title: d.name }, `${d.name} · ${mib(d.memory_mib)}`));
   if (d.holder) {
     card.append(el("div", { class: "holder" }, holderText(d)));
     const left = d.time_left_s > 0 ? `${duration(d.time_left_s - (now() - state.statusAt))} left` : "no time limit";
     card.append(el("div", { class: "meta" }, `since ${clock(d.since)} (${duration(now() - d.since)}) · ${left}`));
     card.append(el("div", { class: "meta" }, `lease ${d.lease_id}`));
+  } else if (d.shares && d.shares.length) {  // memory shares: each holder, budget and use
+    for (const share of d.shares) {
+      card.append(el("div", { class: "holder" }, el("span", { class: "user" }, share.user || share.uid),
+        ` · ${mib(share.memory_mib)} share, uses ${mib(share.used_mib)}`));
+    }
   } else if (d.drain_reason) {
     card.append(el("div", { class: "meta" }, `drained: ${d.drain_reason}`));
   } else if (!d.healthy) {
@@ -174,7 +183,7 @@ function renderTimeline() {
   const users = new Map();
   t.devices.forEach((device, i) => {
     const y = top + i * row;
-    chart.append(svg("text", { x: 4, y: y + row / 2 + 4 }, `gpu${device.index}`));
+    chart.append(svg("text", { x: 4, y: y + row / 2 + 4 }, name(device)));
     chart.append(svg("rect", { x: left, y: y + 3, width: width - left - right, height: row - 6, fill: "#f1f3f6" }));
     for (const span of device.spans.filter((s) => s.end === null || s.end > since)) {
       const x0 = x(Math.max(span.start, since)), x1 = x(span.end === null ? until : span.end);
@@ -234,7 +243,7 @@ function renderUsageFromTimeline() {
     state.reportNote || "Per-user hours come from the usage report, which this daemon does not keep.";
   const until = now();
   bars("usage", t.devices.map((d) => ({
-    label: `gpu${d.index}`,
+    label: name(d),
     values: [d.spans.reduce((sum, s) => sum + ((s.end === null ? until : s.end) - s.start), 0) / 3600],
   })), hours, ["#2563eb"]);
 }
