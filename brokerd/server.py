@@ -34,6 +34,7 @@ from brokerd.rpc_limits import CONNECTION_OPTIONS, add_guarded_servicer, guarded
 from brokerd.service import BrokerService
 from brokerd.servicer import BrokerServicer, rebuild_request
 from brokerd.side_calls import SideCalls
+from brokerd.standard_services import add_standard_services
 from brokerd.state_dir import StateDirInUse, UnsafeStateDir, lock_state_dir
 from brokerd.store import LeaseStore, StateError
 from vaccel_common.paths import identity_socket
@@ -159,6 +160,7 @@ class Daemon:
         ])
         handlers = guarded_handlers(BrokerServicer(service, authority))  # undecodable: INVALID_ARGUMENT
         add_guarded_servicer(handlers, server)
+        health = await add_standard_services(server)  # grpc.health.v1 and reflection: reads, no token
         server.add_insecure_port(f"unix:{config.socket}")
         await server.start()
         # The same handlers answer a short-lived client's unary calls on the identity socket.
@@ -196,6 +198,7 @@ class Daemon:
                 await close()
             await identity.close()
             service.stopping = True  # streams cut by the shutdown keep their queue places
+            await health.enter_graceful_shutdown()
             await server.stop(grace=1.0)
             await service.close()
             store.close()
