@@ -73,6 +73,10 @@ class lease:
             the heartbeat thread when the lease will end soon (its time limit is near, an
             admin revoked it with a grace, idle reclaim): checkpoint there. Default: a line
             on stderr.
+        import_torch: False sends no torch facts when there is no contract instead of
+            importing torch to gather them (its import costs 1-2 s before the request;
+            without a contract the broker would only warn about them). With a contract
+            torch is always inspected.
     """
 
     def __init__(
@@ -90,6 +94,7 @@ class lease:
         time: float | str | None = None,
         devices: Sequence[str] | None = None,
         on_ending: Callable[[LeaseEnding], None] | None = None,
+        import_torch: bool = True,
     ) -> None:
         # Built (and checked) here so a bad argument fails at decoration time, not at the call.
         named = tuple(devices or ())
@@ -100,6 +105,7 @@ class lease:
             min_memory_mib=parse_size_mib(min_memory) if min_memory is not None else 0,
             wait=wait, contract=contract, config=config,
             command=command or " ".join(sys.argv), in_process=True, time=time, devices=named,
+            import_torch=import_torch,
         )
         self.on_ending = on_ending or _print_ending
         self.socket = socket

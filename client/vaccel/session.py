@@ -90,6 +90,7 @@ class _RequestFields(NamedTuple):
     time: float | str | None = None  # the lease's time limit ("2h"); None = the broker's default
     devices: tuple[str, ...] = ()  # only these devices ("gpu1", an index or a uuid)
     reservation: bool = False  # held by the user, not this process (`vaccel reserve`)
+    import_torch: bool = True  # False: without a contract, no torch facts rather than wait for torch's import
 
 
 class LeaseRequest(_RequestFields):
@@ -127,8 +128,15 @@ class LeaseRequest(_RequestFields):
         if self.sends_facts(files):
             from vaccel.facts import gather_facts  # imports torch: only when the facts are sent
 
-            request.client.CopyFrom(gather_facts(files.packages))
+            request.client.CopyFrom(gather_facts(files.packages, inspect_torch=self.inspects_torch(files)))
         return request, files
+
+    def inspects_torch(self, files: ContractFiles) -> bool:
+        """Whether the facts include torch's build. A contract is checked against them, so
+        then always; without one they only make advisory warnings, and a caller that must
+        not wait ~1-2 s for torch's import before its lease (the notebook kernel) goes
+        without them, unless torch is imported already (then they cost nothing)."""
+        return self.import_torch or not files.empty or "torch" in sys.modules
 
     def sends_facts(self, files: ContractFiles) -> bool:
         """Facts describe this interpreter (its torch build, its packages). The daemon checks
