@@ -109,3 +109,13 @@ def test_scale_benchmark_runs_a_tiny_host() -> None:
     # The memory reference: a bare grpc.aio server holding as many streams, in the same run.
     assert result["bare_rss_mb"]["3"] > 0 and row["bare_rss_mb"] == result["bare_rss_mb"]["3"]
     assert row["rss_x_bare"] == row["rss_mb"] / row["bare_rss_mb"]
+
+
+def test_notebook_benchmark_prints_every_figure() -> None:
+    done = _bench("-m", "bench.notebook", "--starts", "1", "--ends", "1", "--watch", "1", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    for name in ("start_to_lease", "start_to_first_cell", "python_import_torch", "end_to_kernel_stopped",
+                 "end_to_restarted_without_lease"):
+        assert result[name]["n"] >= 1 and result[name]["p50_ms"] > 0, name
+    assert result["leases_or_waits_seen_after_the_end"] == 0 and result["ends"] == 1
