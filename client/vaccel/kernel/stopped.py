@@ -20,8 +20,8 @@ ERROR_NAME = "LeaseEnded"
 
 
 def message(reason: str) -> str:
-    return (f"{reason}. This kernel holds no device and runs no code since: restart the kernel "
-            "(Kernel > Restart Kernel) for a new lease.")
+    return (f"{reason}. This kernel holds no device and runs no code until you restart it "
+            "(Kernel > Restart Kernel), which asks for a new lease.")
 
 
 def run_stopped_kernel(connection_file: str, kernel_args: list[str], reason: str) -> None:
