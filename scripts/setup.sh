@@ -18,6 +18,9 @@ VENV=${1:-${VACCEL_VENV:?give the venv path as an argument or in VACCEL_VENV}}
 # services is started here.
 APT_PACKAGES=(python3-venv libsystemd-dev pkg-config systemd systemd-container debootstrap zstd chromium libacl1-dev
               slurm-wlm docker.io runc podman catatonit uidmap slirp4netns fuse-overlayfs acl)
+# node + npm run the Node example client (examples/node/, tests/test_other_languages.py); a Node that
+# brings its own npm (NodeSource's) is kept.
+command -v npm >/dev/null 2>&1 || APT_PACKAGES+=(nodejs npm)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -62,4 +65,11 @@ pip_install -e ".[$extras]" --config-settings editable_mode=compat
 site_dir=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 echo "$PWD/client" > "$site_dir/__editable__.vaccel-client.pth"
 chmod -R a+rX "$VENV"
+# The Node example's packages, exactly as its lock file says, into examples/node/node_modules.
+if command -v npm >/dev/null 2>&1; then
+    lock=examples/node/package-lock.json installed=examples/node/node_modules/.package-lock.json
+    if [ ! -e "$installed" ] || [ "$lock" -nt "$installed" ]; then
+        npm ci --prefix examples/node --no-audit --no-fund --loglevel=error
+    fi
+fi
 echo "setup: ready ($VENV, extras $extras)"

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,30 @@ def test_ddp_example_runs_under_a_cpu_lease() -> None:
     lines = result.stdout.strip().splitlines()
     assert lines[-1].startswith("2 ranks on cpu")  # printed by the main rank only, once
     assert sum("epoch 0" in line for line in lines) == 1
+
+
+UNCLOSED_STEP = ROOT / "tests" / "ddp_unclosed_step.py"
+
+
+def test_a_script_that_never_closes_its_group_exits_cleanly_every_time() -> None:
+    """The group the accelerator started is ended by vaccel at interpreter exit; left to
+    the interpreter, gloo aborted a rank now and then (exit 134, pytorch/pytorch#190489)."""
+    env = lease_environment(lease_id="L-exit", backend_name="cpu", device_ids=[])
+    runs, deadline = 0, time.monotonic() + 60
+    while runs < 20 and (runs == 0 or time.monotonic() < deadline):
+        result = torchrun(UNCLOSED_STEP, env=env)
+        runs += 1
+        assert result.returncode == 0, f"run {runs}: " + result.stdout + result.stderr
+        assert "terminate called" not in result.stderr
+        lines = sorted(line for line in result.stdout.splitlines() if line.startswith("rank "))
+        assert lines == ["rank 0 of 2 sum 3.0 DistributedDataParallel", "rank 1 of 2 sum 3.0 DistributedDataParallel"]
+
+
+def test_a_dead_peer_does_not_hold_up_the_exit() -> None:
+    # Rank 1 vanishes (no interpreter shutdown, so none of its collectives) right after the
+    # group is up; rank 0's exit must not wait on it: no barrier on the way out.
+    # (torchrun() gives up after 120 s; a collective with the dead rank would wait 30 minutes.)
+    env = lease_environment(lease_id="L-dead", backend_name="cpu", device_ids=[])
+    result = torchrun(UNCLOSED_STEP, "--peer-dies", env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "rank 0 of 2 sum 1.0 DistributedDataParallel" in result.stdout

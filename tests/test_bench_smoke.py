@@ -127,3 +127,11 @@ def test_containers_benchmark_prints_every_figure() -> None:
                 result["image_import"]):
         assert row["n"] == 1 and row["p50_ms"] > 0
     assert result["leased_x_bare"] > 0
+def test_notebook_benchmark_prints_every_figure() -> None:
+    done = _bench("-m", "bench.notebook", "--starts", "1", "--ends", "1", "--watch", "1", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    for name in ("start_to_lease", "start_to_first_cell", "python_import_torch", "end_to_kernel_stopped",
+                 "end_to_restarted_without_lease"):
+        assert result[name]["n"] >= 1 and result[name]["p50_ms"] > 0, name
+    assert result["leases_or_waits_seen_after_the_end"] == 0 and result["ends"] == 1

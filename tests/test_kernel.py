@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from jupyter_client import AsyncKernelManager, KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
+from vaccel.kernel.provisioner import KernelStartRefused
 
 from tests.conftest import Broker
 from tests.test_multiuser import status, wait_for
@@ -158,7 +159,7 @@ def test_all_devices_taken_a_kernel_fails_with_the_queue_or_waits(broker: Broker
     try:
         wait_for(lambda: all(d["state"] == "leased" for d in status(broker)["devices"]))
         km = KernelManager(kernel_name="vaccel-fail")
-        with pytest.raises(RuntimeError) as refused:
+        with pytest.raises(KernelStartRefused) as refused:
             km.start_kernel(env=dict(broker.env))
         assert "no device for this kernel" in str(refused.value)
         assert f"gpu0 {ME} since" in str(refused.value)  # the broker's queue message: who holds what
@@ -170,28 +171,29 @@ def test_all_devices_taken_a_kernel_fails_with_the_queue_or_waits(broker: Broker
 
 
 async def _wait_then_start(broker: Broker, everything: subprocess.Popen[bytes]) -> None:
-    """The waiting kernel's start stays pending with its queue place in the server's log,
-    and completes once the holder gives the devices back."""
+    """The waiting kernel's start ends with its first queue message (so the server lists it
+    and can delete it), its queue place goes to the server's log, and the kernel takes the
+    lease once the holder gives the devices back."""
     km = AsyncKernelManager(kernel_name="vaccel-wait")
     log = _ListHandler()
     km.log = logging.getLogger("test_kernel.server")
     km.log.addHandler(log)
     km.log.setLevel(logging.INFO)
-    start = asyncio.create_task(km.start_kernel(env=dict(broker.env)))
     try:
-        while not status(broker)["queue"]:
-            assert not start.done(), "the kernel started while every device was taken"
-            await asyncio.sleep(0.1)
-        while not any("position 1 of 1" in m for m in log.messages):
-            await asyncio.sleep(0.1)
-        assert not start.done()
+        await asyncio.wait_for(km.start_kernel(env=dict(broker.env)), timeout=30)
+        assert await km.is_alive()
+        assert [w["requester"]["pid"] for w in status(broker)["queue"]] == [km.provisioner.pid]
+        assert any("position 1 of 1" in m for m in log.messages)
+        assert not held_by(broker, km.provisioner.pid)
         everything.terminate()  # `vaccel run` passes it on and releases
-        await asyncio.wait_for(start, timeout=30)
+        while not held_by(broker, km.provisioner.pid):
+            await asyncio.sleep(0.1)
+        client = km.client()
+        client.start_channels()
+        await client.wait_for_ready(timeout=30)  # IPython runs once the lease is held
+        client.stop_channels()
         assert any(m.startswith(f"vaccel kernel {km.kernel_id}: lease l-") for m in log.messages)
-        assert held_by(broker, km.provisioner.pid)
     finally:
-        if not start.done():
-            start.cancel()
         await km.shutdown_kernel(now=True)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -101,8 +102,8 @@ def fake_facts(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, ...]]:
     """Replaces gather_facts (which imports torch) and records each call's package names."""
     asked: list[tuple[str, ...]] = []
 
-    def gather(packages=()):
-        asked.append(tuple(packages))
+    def gather(packages=(), *, inspect_torch=True):
+        asked.append(tuple(packages) if inspect_torch else ("(no torch)", *packages))
         return pb.ClientFacts(python_version="3.11.0")
 
     monkeypatch.setattr(facts, "gather_facts", gather)
@@ -130,6 +131,17 @@ def test_facts_go_with_a_contract_or_from_the_job_itself(tmp_path: Path, fake_fa
     wire, files = LeaseRequest(contract=spec).build(tmp_path)
     assert wire.client.python_version == "3.11.0" and wire.runtime_spec_yaml == spec.read_text()
     assert fake_facts[-1] == ("numpy",) and files.packages == ("numpy",)
+
+
+def test_a_notebook_kernels_facts_leave_torch_alone_unless_a_contract_needs_them(
+        tmp_path: Path, fake_facts, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, "torch", raising=False)  # as in a kernel that has not imported it
+    wire, _ = LeaseRequest(in_process=True, import_torch=False).build(tmp_path)
+    assert wire.client.python_version == "3.11.0" and fake_facts == [("(no torch)",)]
+    spec = tmp_path / "runtime-spec.yaml"
+    spec.write_text("required_features: []\n")
+    LeaseRequest(in_process=True, import_torch=False, contract=spec).build(tmp_path)
+    assert fake_facts[-1] == ()  # a contract is checked against torch's build: inspected
 
 
 # -- the Acquire stream ----------------------------------------------------------------

@@ -35,6 +35,7 @@ from brokerd.edge.messages import rebuild_request
 from brokerd.edge.rpc_limits import CONNECTION_OPTIONS, add_guarded_servicer, guarded_handlers, raise_open_files
 from brokerd.edge.servicer import BrokerServicer
 from brokerd.edge.side_calls import SideCalls
+from brokerd.edge.standard_services import add_standard_services
 from brokerd.state.state_dir import StateDirInUse, UnsafeStateDir, lock_state_dir
 from brokerd.state.store import LeaseStore, StateError
 from vaccel_common.paths import identity_socket
@@ -160,6 +161,7 @@ class Daemon:
         ])
         handlers = guarded_handlers(BrokerServicer(service, authority))  # undecodable: INVALID_ARGUMENT
         add_guarded_servicer(handlers, server)
+        health = await add_standard_services(server)  # grpc.health.v1 and reflection: reads, no token
         server.add_insecure_port(f"unix:{config.socket}")
         await server.start()
         # The same handlers answer a short-lived client's unary calls on the identity socket.
@@ -197,6 +199,7 @@ class Daemon:
                 await close()
             await identity.close()
             service.shutting_down()  # streams cut by the shutdown keep their queue places
+            await health.enter_graceful_shutdown()
             await server.stop(grace=1.0)
             await service.close()
             store.close()

@@ -6,6 +6,7 @@ traceback), for every method of the service at once.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import resource
 from collections.abc import AsyncIterator, Callable
@@ -57,20 +58,22 @@ class _Capture:
         self.handlers.update(handlers)
 
 
-def guarded_handlers(servicer: broker_pb2_grpc.BrokerServicer) -> dict[str, grpc.RpcMethodHandler]:
-    """The servicer's method handlers as the generated add_BrokerServicer_to_server makes
-    them, except that each method receives the raw bytes and decodes them itself: gRPC's
-    own decoding failure ends as UNKNOWN with a traceback in the log, for what is the
-    client's mistake."""
+def guarded_handlers(servicer: Any, add_to_server: Callable[[Any, Any], None] | None = None,
+                     ) -> dict[str, grpc.RpcMethodHandler]:
+    """The servicer's method handlers as the generated add_<Service>Servicer_to_server
+    makes them (the Broker's by default), except that each method receives the raw bytes
+    and decodes them itself: gRPC's own decoding failure ends as UNKNOWN with a traceback
+    in the log, for what is the client's mistake."""
     capture = _Capture()
-    broker_pb2_grpc.add_BrokerServicer_to_server(servicer, capture)
+    (add_to_server or broker_pb2_grpc.add_BrokerServicer_to_server)(servicer, capture)
     return {name: _guarded(name, handler) for name, handler in capture.handlers.items()}
 
 
-def add_guarded_servicer(handlers: dict[str, grpc.RpcMethodHandler], server: grpc.aio.Server) -> None:
-    """Serve `handlers` (guarded_handlers) on `server`."""
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-    server.add_registered_method_handlers(SERVICE, handlers)
+def add_guarded_servicer(handlers: dict[str, grpc.RpcMethodHandler], server: grpc.aio.Server,
+                         service: str = SERVICE) -> None:
+    """Serve `handlers` (guarded_handlers) as `service` on `server`."""
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+    server.add_registered_method_handlers(service, handlers)
 
 
 async def _decode(name: str, decode: Callable[[bytes], Any], raw: bytes, context: grpc.aio.ServicerContext) -> Any:
@@ -92,8 +95,16 @@ def _guarded(name: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler
             return await unary(await _decode(name, decode, raw, context), context)
 
         return grpc.unary_unary_rpc_method_handler(call, response_serializer=handler.response_serializer)
-    assert handler.unary_stream is not None, f"{name}: only unary and server-streaming methods exist"
+    if handler.stream_stream is not None:  # server reflection (brokerd/edge/standard_services.py)
+        return _guarded_bidi(name, handler)
+    assert handler.unary_stream is not None, f"{name}: no client-streaming method is served"
     streaming = handler.unary_stream
+    if inspect.iscoroutinefunction(streaming):  # writes with context.write (grpc.health's Watch)
+
+        async def written(raw: bytes, context: grpc.aio.ServicerContext) -> None:
+            await streaming(await _decode(name, decode, raw, context), context)
+
+        return grpc.unary_stream_rpc_method_handler(written, response_serializer=handler.response_serializer)
 
     async def stream(raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         updates = streaming(await _decode(name, decode, raw, context), context)
@@ -104,3 +115,17 @@ def _guarded(name: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler
             await updates.aclose()
 
     return grpc.unary_stream_rpc_method_handler(stream, response_serializer=handler.response_serializer)
+
+
+def _guarded_bidi(name: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    decode, bidi = handler.request_deserializer, handler.stream_stream
+
+    async def both(raws: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async def requests() -> AsyncIterator[Any]:
+            async for raw in raws:
+                yield await _decode(name, decode, raw, context)
+
+        async for reply in bidi(requests(), context):
+            yield reply
+
+    return grpc.stream_stream_rpc_method_handler(both, response_serializer=handler.response_serializer)

@@ -76,6 +76,10 @@ class lease:
         memory: a memory share of one shared GPU instead of a whole one, e.g. "20GiB"
             (int = bytes; docs/sharing.md): the accelerator caps torch's allocator to it,
             and the broker ends a share that keeps using more.
+        import_torch: False sends no torch facts when there is no contract instead of
+            importing torch to gather them (its import costs 1-2 s before the request;
+            without a contract the broker would only warn about them). With a contract
+            torch is always inspected.
     """
 
     def __init__(
@@ -94,6 +98,7 @@ class lease:
         devices: Sequence[str] | None = None,
         on_ending: Callable[[LeaseEnding], None] | None = None,
         memory: str | int | None = None,
+        import_torch: bool = True,
     ) -> None:
         # Built (and checked) here so a bad argument fails at decoration time, not at the call.
         named = tuple(devices or ())
@@ -105,6 +110,7 @@ class lease:
             wait=wait, contract=contract, config=config,
             command=command or " ".join(sys.argv), in_process=True, time=time, devices=named,
             memory_mib=parse_size_mib(memory) if memory is not None else 0,
+            import_torch=import_torch,
         )
         self.on_ending = on_ending or _print_ending
         self.socket = socket

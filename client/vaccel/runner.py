@@ -48,8 +48,9 @@ from typing import TYPE_CHECKING
 from vaccel import process_tree
 from vaccel.cli_common import EXIT_TIME_LIMIT
 from vaccel.inside_lease import part_asked
+from vaccel.lease_request import LeaseRequest, time_limit_s
 from vaccel.lease_types import Lease, LeaseEnding
-from vaccel.session import LeaseRequest, LeaseSession, time_limit_s
+from vaccel.session import LeaseSession
 from vaccel_common.backends import DEVICE_ENV_VARS
 from vaccel_common.text import argv_text
 from vaccel_common.units import format_mib

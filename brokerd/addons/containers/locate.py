@@ -1,5 +1,5 @@
 """Which container a host process is in, as the kernel shows it: pure readers of /proc with an
-injectable root, like brokerd/procinfo.py. A process can exit between two reads; every
+injectable root, like brokerd/base/procinfo.py. A process can exit between two reads; every
 reader then answers None, never raises.
 
 - Rootful engines give each container a cgroup named after its id: Docker with the cgroupfs

@@ -367,16 +367,16 @@ class Accelerator:
         """Tear down the process group this accelerator started, once every rank gets
         here. Safe after the lease ended and more than once.
 
-        The group is destroyed only when no model this accelerator wrapped for DDP is
-        still alive (drop your references first): destroying it under a live wrapper
-        makes freeing that wrapper hang now and then. Otherwise the group ends with the
-        process, and with gloo that end can abort the process as it exits (a worker
-        thread frees a tensor after the interpreter has gone: pytorch/pytorch#190489),
-        so drop the model and call this at the end of training.
+        Optional: a group left open ends at interpreter exit anyway, safely and without
+        waiting for the other ranks (group_end.py). The group is destroyed here only when
+        no model this accelerator wrapped for DDP is still alive (drop your references
+        first); otherwise it is left to that end.
         """
         if not self._owns_process_group:
             return
         import torch.distributed as dist
+
+        from vaccel.accelerator import group_end
 
         if not dist.is_initialized():
             self._owns_process_group = False
@@ -384,7 +384,9 @@ class Accelerator:
         # Every rank arrives before any tears its connections down.
         dist.barrier()
         if any(ref() is not None for ref in self._wrapped):
-            log.debug("vaccel: a prepared model is alive; the process group ends with the process")
+            log.debug("vaccel: a prepared model is alive; the process group ends at exit")
             return
+        group_end.let_workers_finish()  # freeing the group waits for its workers, which may want the GIL
         dist.destroy_process_group()
+        group_end.forget()
         self._owns_process_group = False

@@ -112,8 +112,11 @@ def _xccl_available(dist: object) -> bool:
 def ensure_process_group(backend: str, env: Mapping[str, str]) -> bool:
     """Initialise the default process group from torchrun's env unless one exists.
 
-    Returns True when this call created it (so the caller knows to destroy it)."""
+    Returns True when this call created it (so the caller knows to destroy it); a group
+    made here is also ended at interpreter exit, whatever the script does (group_end.py)."""
     import torch.distributed as dist
+
+    from vaccel.accelerator.group_end import end_at_exit
 
     if not dist.is_available():
         raise RuntimeError("this torch build has no torch.distributed; multi-rank jobs need it")
@@ -137,4 +140,5 @@ def ensure_process_group(backend: str, env: Mapping[str, str]) -> bool:
             rank=int(env["RANK"]),
             world_size=int(env["WORLD_SIZE"]),
         )
+    end_at_exit(dist.group.WORLD)
     return True

@@ -37,7 +37,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     i.add_argument("--max-wait", metavar="DURATION", help="wait at most this long (e.g. 45s), then fail")
     i.add_argument("--without-provisioner", action="store_true",
                    help="for a Jupyter server whose Python lacks vaccel: the kernel then reports its "
-                        "queue place only in the server's log, and a refused start shows as a dead kernel")
+                        "queue place only in the server's log, a refused start shows as a dead kernel, and "
+                        "Jupyter's automatic restart after a revoke or time limit leases again")
     i.set_defaults(func=cmd_kernel_install)
 
 

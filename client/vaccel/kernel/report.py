@@ -1,6 +1,8 @@
-"""What the kernel process tells the Jupyter server's provisioner before IPython starts:
-each new queue message, then the grant or the refusal. One JSON object a line on a pipe
-whose write end the provisioner passes down (its number in VACCEL_KERNEL_REPORT_FD).
+"""What the kernel process tells the Jupyter server's provisioner: each new queue message,
+then the grant or the refusal, and later, if it comes, the lease's end behind the kernel's
+back (so that Jupyter's automatic restart does not lease again). One JSON object a line on
+a pipe whose write end the provisioner passes down (its number in VACCEL_KERNEL_REPORT_FD)
+and the kernel keeps for its whole life.
 
 A pipe rather than the kernel's stderr: stderr is the server's own (its log), shared by
 every kernel, and a refusal must reach the provisioner as the reason its start failed.
@@ -16,12 +18,12 @@ from dataclasses import dataclass
 
 REPORT_FD_VAR = "VACCEL_KERNEL_REPORT_FD"
 
-QUEUED, GRANTED, REFUSED = "queued", "granted", "refused"
+QUEUED, GRANTED, REFUSED, LOST = "queued", "granted", "refused", "lost"
 
 
 @dataclass(frozen=True)
 class Report:
-    kind: str  # queued | granted | refused
+    kind: str  # queued | granted | refused | lost
     message: str
 
     def line(self) -> bytes:
@@ -59,11 +61,14 @@ class Reporter:
 
     def granted(self, message: str) -> None:
         self._send(Report(GRANTED, message))
-        self.close()
 
     def refused(self, message: str) -> None:
         self._send(Report(REFUSED, message))
         self.close()
+
+    def lost(self, message: str) -> None:
+        """The lease ended behind the kernel's back; the kernel is about to stop."""
+        self._send(Report(LOST, message))
 
     def _send(self, report: Report) -> None:
         if self._fd is None:
@@ -75,7 +80,6 @@ class Reporter:
             self.close()
 
     def close(self) -> None:
-        """After the grant the pipe is closed: the provisioner's start is over."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
