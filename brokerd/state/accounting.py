@@ -54,12 +54,13 @@ CREATE TABLE IF NOT EXISTS usage (
     devices TEXT NOT NULL,
     granted_at REAL NOT NULL, ended_at REAL NOT NULL, wait_s REAL NOT NULL,
     state TEXT NOT NULL, end_reason TEXT NOT NULL, reservation INTEGER NOT NULL,
-    util_mean_pct REAL, idle_device_s REAL
+    util_mean_pct REAL, idle_device_s REAL, time_limit_s REAL NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS usage_ended ON usage(ended_at);
 """
 _COLUMNS = ("lease_id, uid, user, gid, devices, granted_at, ended_at, wait_s, state, end_reason, "
-            "reservation, util_mean_pct, idle_device_s")
+            "reservation, util_mean_pct, idle_device_s, time_limit_s")
+_PLACES = ",".join("?" * 14)
 
 T = TypeVar("T")
 Op = Callable[[sqlite3.Connection], Any]
@@ -87,13 +88,14 @@ def usage_row(lease: Lease, live: _Live | None, now: float) -> UsageRow:
         reservation=lease.reservation,
         util_mean_pct=live.util_s / live.sampled_s if sampled and live else None,
         idle_device_s=live.idle_s if sampled and live else None,
+        time_limit_s=lease.time_limit_s,
     )
 
 
 def _values(row: UsageRow) -> tuple:
     return (row.lease_id, row.uid, row.user, row.gid, json.dumps(list(row.devices)), row.granted_at,
             row.ended_at, row.wait_s, row.state, row.end_reason, int(row.reservation), row.util_mean_pct,
-            row.idle_device_s)
+            row.idle_device_s, row.time_limit_s)
 
 
 def _from_db(r: tuple, devices: dict[str, tuple[str, ...]]) -> UsageRow:
@@ -102,7 +104,7 @@ def _from_db(r: tuple, devices: dict[str, tuple[str, ...]]) -> UsageRow:
     held = devices.get(r[4])
     if held is None:
         held = devices[r[4]] = tuple(json.loads(r[4]))
-    return UsageRow(r[0], r[1], r[2], r[3], held, *r[5:10], bool(r[10]), r[11], r[12])
+    return UsageRow(r[0], r[1], r[2], r[3], held, *r[5:10], bool(r[10]), r[11], r[12], r[13])
 
 
 def _open(path: Path) -> sqlite3.Connection:
@@ -113,6 +115,8 @@ def _open(path: Path) -> sqlite3.Connection:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.executescript(_SCHEMA)
+        if "time_limit_s" not in {c[1] for c in conn.execute("PRAGMA table_info(usage)")}:  # a file from before it
+            conn.execute("ALTER TABLE usage ADD COLUMN time_limit_s REAL NOT NULL DEFAULT 0")
         row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
         if row is None:
             conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
@@ -249,7 +253,7 @@ class Accounting(LeaseHook):
         missed = [usage_row(lease, None, now) for lease in self._recently_ended() if not lease.active]
         if missed:
             self._logged(self._writer.submit(lambda conn: conn.executemany(
-                f"INSERT OR IGNORE INTO usage ({_COLUMNS}) VALUES ({','.join('?' * 13)})",
+                f"INSERT OR IGNORE INTO usage ({_COLUMNS}) VALUES ({_PLACES})",
                 [_values(r) for r in missed])), "the leases that ended before this start")
         self.prune()
 
@@ -259,7 +263,7 @@ class Accounting(LeaseHook):
     def ended(self, lease: Lease) -> None:
         row = usage_row(lease, self._live.pop(lease.id, None), self._clock())
         self._logged(self._writer.submit(gather=True, op=lambda conn: conn.execute(
-            f"INSERT OR REPLACE INTO usage ({_COLUMNS}) VALUES ({','.join('?' * 13)})", _values(row))),
+            f"INSERT OR REPLACE INTO usage ({_COLUMNS}) VALUES ({_PLACES})", _values(row))),
             f"the end of lease {lease.id}")
 
     @staticmethod
