@@ -21,6 +21,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import asdict
 from typing import Any
 
 from bench.lab import plan, replay_slurm, replay_vaccel
@@ -82,7 +83,8 @@ def run(args: argparse.Namespace, jobs: list[Any]) -> dict[str, Any]:
             outcomes, setup[name] = replay_slurm.replay(steps, compression, args.devices, args.timeout)
         else:
             outcomes, setup[name] = replay_vaccel.replay(steps, name, compression, args.devices, args.timeout)
-        systems[name] = {**figures(outcomes, args.devices), "replay_s": time.monotonic() - began}
+        systems[name] = {**figures(outcomes, args.devices), "replay_s": time.monotonic() - began,
+                         "outcomes": [asdict(o) for o in outcomes]}
         done = systems[name]
         print(f"bench.lab: {name} done in {done['replay_s']:.0f} s: utilization {done['utilization']:.3f}, "
               f"wait p50 {_hours(done['wait_p50_s'])}, makespan {_hours(done['makespan_s'])}", file=sys.stderr,
