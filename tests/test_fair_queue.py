@@ -121,54 +121,6 @@ def test_backfill_starts_a_short_job_and_never_delays_the_head_job():
     m.check_invariants()
 
 
-DEFAULT = Ask(time_limit_s=24 * HOUR, time_given=False)  # no --time: the policy's default applies
-
-
-def test_no_device_is_kept_idle_for_an_end_nobody_stated_until_the_request_is_old_enough():
-    """The lab benchmark's finding (docs/performance.md): a lease without --time ends by
-    the default limit (a day) at the latest, and usually much sooner; keeping a free
-    device for a day-long "window" while a 1-GPU job waits left GPUs idle. So a request
-    whose start depends on such an end keeps nothing until it has waited `aging`; then it
-    keeps what it will start on, as before, so it cannot starve."""
-    m, clock = manager(2)
-    m.aging_s = 4 * HOUR
-    granted(m.submit(CAROL, Requirement(1), wait=False, ask=DEFAULT))  # gpu0: ends within a day, who knows when
-    head = queued(m.submit(ALICE, Requirement(2), wait=True, ask=DEFAULT))
-    clock.now += 60
-    small = granted(m.submit(BOB, Requirement(1), wait=True, ask=DEFAULT))  # gpu1 is not kept for alice
-    m.release(small.id, BOB.uid)
-    assert m.pump() == []
-    clock.now += 4 * HOUR  # alice has waited `aging`: she keeps gpu1 now, for her day-bounded shadow
-    later = queued(m.submit(BOB, Requirement(1), wait=True, ask=DEFAULT))
-    assert later.reason.startswith("backfill window"), later.reason
-    assert [r.id for r in m.queue] == [head.id, later.id]
-    m.check_invariants()
-
-
-def test_stated_ends_are_planned_for_at_once():
-    """With every end in the way stated (--time), a young request keeps its devices as EASY
-    backfill says: the wait it plans for is known."""
-    m, clock = manager(2)
-    m.aging_s = 4 * HOUR
-    granted(m.submit(CAROL, Requirement(1), wait=False, ask=Ask(time_limit_s=HOUR)))
-    queued(m.submit(ALICE, Requirement(2), wait=True, ask=DEFAULT))
-    clock.now += 60
-    waiting = queued(m.submit(BOB, Requirement(1), wait=True, ask=DEFAULT))
-    assert waiting.reason.startswith("backfill window"), waiting.reason
-    # ...and a request behind a young one whose own end nobody stated plans with it too:
-    # the devices it keeps are busy for its whole default limit, not a known time.
-    m.check_invariants()
-
-
-def test_without_aging_every_waiter_keeps_its_devices_as_before():
-    m, clock = manager(2)
-    m.aging_s = 0  # aging off: nothing would ever make a young request keep devices
-    granted(m.submit(CAROL, Requirement(1), wait=False, ask=DEFAULT))
-    queued(m.submit(ALICE, Requirement(2), wait=True, ask=DEFAULT))
-    clock.now += 60
-    assert queued(m.submit(BOB, Requirement(1), wait=True, ask=DEFAULT)).reason.startswith("backfill window")
-
-
 def test_a_limit_that_can_never_fit_is_refused_at_once_with_its_name_and_value():
     m, _ = manager(4)
     students = UserLimits(policy="group students", max_devices=2)

@@ -46,7 +46,6 @@ def make_lease(lease_id: str, *devices: str) -> Lease:
         notice="revoked by root: maintenance",
         time_limit_s=7200.0,
         ending_state="revoked",
-        time_given=False,
     )
 
 
@@ -383,8 +382,8 @@ def test_a_version_1_database_is_migrated_in_place_and_keeps_its_leases(tmp_path
     conn.executescript(_V1_LEASES)
     conn.close()
     active, _, _ = reopen(tmp_path)
-    assert [(lease.id, lease.devices, lease.reservation, lease.time_limit_s, lease.time_given)
-            for lease in active] == [("l-old", ("GPU-0",), False, 0.0, True)]
+    assert [(lease.id, lease.devices, lease.reservation, lease.time_limit_s) for lease in active] == [
+        ("l-old", ("GPU-0",), False, 0.0)]
     assert raw(tmp_path, "SELECT value FROM meta WHERE key='schema_version'") == [(str(SCHEMA_VERSION),)]
     active, _, _ = reopen(tmp_path)  # and it opens again as the current version
     assert [lease.id for lease in active] == ["l-old"]

@@ -159,8 +159,7 @@ class Acquisition:
         try:
             limits = self.governance.limits_for(holder)
             ask = Ask(self.governance.time_limit(limits, time_limit_s),
-                      tuple(find_device(self.manager, name).uuid for name in devices), reservation,
-                      time_given=time_limit_s > 0)
+                      tuple(find_device(self.manager, name).uuid for name in devices), reservation)
             if wait:  # (an ask that may not wait never joins the queue: no need to count it)
                 waiting = sum(1 for r in self.manager.queue if r.holder.uid == holder.uid)
                 cap = min(limits.max_waiting or MAX_QUEUED_PER_USER, MAX_QUEUED_PER_USER)

@@ -218,7 +218,7 @@ class DurableQueue:
             limits = self.governance.limits_for(holder)
             ask = Ask(self.governance.time_limit(limits, rebuilt.time_limit_s),
                       tuple(find_device(self.manager, name).uuid for name in rebuilt.devices),
-                      rebuilt.reservation, time_given=rebuilt.time_limit_s > 0)
+                      rebuilt.reservation)
         except Exception as exc:  # parsed once already; a newer parser or policy may refuse it
             self._drop_restored(record, f"it can no longer be read or granted ({exc})")
             return

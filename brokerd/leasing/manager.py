@@ -237,7 +237,6 @@ class LeaseManager:
             requested_at=request.since,
             reservation=request.ask.reservation,
             time_limit_s=request.ask.time_limit_s,
-            time_given=request.ask.time_given,
         )
         self.holdings.take(lease)
         return lease

@@ -53,7 +53,6 @@ class Lease:
     # The client's key for the request it was granted on: the same process asking again
     # under it (the reply was lost) gets this lease back (brokerd/core/acquiring.py).
     request_key: str = ""
-    time_given: bool = True  # its holder stated the time limit (--time); False: the policy's default
 
     @property
     def active(self) -> bool:
@@ -68,7 +67,6 @@ class Ask:
     time_limit_s: float = 0.0  # 0 = none (the manager's maximum duration applies)
     only: tuple[str, ...] = ()  # device uuids it may have; empty = any
     reservation: bool = False
-    time_given: bool = True  # the asker stated time_limit_s; False: the policy's default filled it in
 
 
 @dataclass(frozen=True)

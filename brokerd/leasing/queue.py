@@ -131,20 +131,17 @@ class LeaseQueue:
         now = self._clock()
         holdings = self.holdings
 
-        def available_at() -> tuple[dict[str, float], set[str]]:
-            when, unstated = {}, set()
+        def available_at() -> dict[str, float]:
+            when = {}
             for uuid in holdings.devices:
                 state = holdings.device_state(uuid)
                 if state == "free":
                     when[uuid] = now
                 elif state == "leased":
-                    lease = holdings.leases[holdings.owner[uuid]]
-                    when[uuid] = lease.expires_at or NEVER
-                    if not lease.expires_at or not (lease.time_given or lease.notice):
-                        unstated.add(uuid)  # only a default bounds its end (a notice states one)
-            return when, unstated
+                    when[uuid] = holdings.leases[holdings.owner[uuid]].expires_at or NEVER
+            return when
 
-        return Reservations(holdings.leases.values(), now=now, available_at=available_at, aging_s=self.aging_s)
+        return Reservations(holdings.leases.values(), now=now, available_at=available_at)
 
     def limit(self, request: Request, reserved: Reservations) -> str:
         """The policy limit that holds the request back now ("" when none does): such a

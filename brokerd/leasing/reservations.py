@@ -12,13 +12,6 @@ never delays it. A request without a time limit never
 backfills, and a request whose shadow cannot be known (a lease without a time limit is
 in the way) keeps its devices with no end.
 
-Ends nobody stated: a lease whose holder gave no `--time` ends by the policy's default
-limit (a day) at the latest, and usually long before. A request whose start rests on such
-an end (its shadow is one) keeps nothing until it has waited `aging_s`: holding a free
-device idle for a day-long window that will close within the hour left GPUs idle while
-others waited (bench/lab, docs/performance.md). Once it has waited `aging_s` it keeps its
-devices as above, so it cannot starve; with aging off (0) every request keeps them at once.
-
 A request that its own user's leases block (it could only start once that user releases
 one of them), or that a policy limit holds back, keeps nothing: else a user holding 1 of
 2 devices and asking for 2 would keep the free one from everyone, for as long as they
@@ -39,26 +32,21 @@ class Reservations:
     """Built in queue order: `add` each request that waits, `granted` each grant made."""
 
     def __init__(self, leases: Iterable[Lease], *, now: float = 0.0,
-                 available_at: Callable[[], tuple[Mapping[str, float], set[str]]] | None = None,
-                 aging_s: float = 0.0) -> None:
+                 available_at: Callable[[], Mapping[str, float]] | None = None) -> None:
         self.now = now
-        self.aging_s = aging_s
         self._own: dict[int, set[str]] = {}
         for lease in leases:
             self._own.setdefault(lease.holder.uid, set()).update(lease.devices)
-        # uuid -> when it comes free (now for a free device, a lease's end, NEVER), and the
-        # devices whose end nobody stated; asked for only once a request must wait: most
-        # passes grant or find an empty queue.
+        # uuid -> when it comes free (now for a free device, a lease's end, NEVER); asked
+        # for only once a request must wait: most passes grant or find an empty queue.
         self._source = available_at
         self._known: dict[str, float] | None = None
-        self._unstated: set[str] = set()
         self._until: dict[str, float] = {}  # kept device -> until when
 
     @property
     def _available_at(self) -> dict[str, float]:
         if self._known is None:
-            when, unstated = self._source() if self._source is not None else ({}, set())
-            self._known, self._unstated = dict(when), set(unstated)
+            self._known = dict(self._source() if self._source is not None else {})
         return self._known
 
     def held_by(self, uid: int) -> set[str]:
@@ -76,33 +64,17 @@ class Reservations:
         n = request.requirement.gpus
         return times[n - 1] if len(times) >= n else NEVER
 
-    def _rests_on_unstated(self, request: Request) -> bool:
-        """Whether the request's start is set by an end nobody stated: the last of the
-        devices it will start on to come free (a stated one first, among equals) is one."""
-        at = self._available_at
-        ends = sorted((at.get(u, NEVER), u in self._unstated) for u in request.evaluation.eligible)
-        n = request.requirement.gpus
-        return len(ends) < n or ends[n - 1][0] == NEVER or ends[n - 1][1]
-
     def add(self, request: Request) -> None:
         """`request` waits: it keeps the devices it will start on, until it can start."""
         if self.blocked(request):
             return
-        young = self.aging_s > 0 and self.now - request.since < self.aging_s
-        if young and self._rests_on_unstated(request):
-            return
         start = self.shadow(request)
         limit = request.ask.time_limit_s
-        stated = request.ask.time_given and limit > 0 and not self._rests_on_unstated(request)
         for uuid in request.evaluation.eligible:
             if self._available_at.get(uuid, NEVER) <= start:
                 self._until[uuid] = min(self._until.get(uuid, NEVER), start)
                 # Requests further back see it busy for this one's whole run.
                 self._available_at[uuid] = start + limit if limit and start != NEVER else NEVER
-                if stated:
-                    self._unstated.discard(uuid)
-                else:
-                    self._unstated.add(uuid)
 
     def permits(self, uuid: str, request: Request) -> bool:
         """Whether `request` may take this free device now."""
@@ -128,7 +100,3 @@ class Reservations:
         if self._known is not None:  # else it is read later, with this lease in it
             for uuid in lease.devices:
                 self._known[uuid] = lease.expires_at or NEVER
-                if lease.expires_at and lease.time_given:
-                    self._unstated.discard(uuid)
-                else:
-                    self._unstated.add(uuid)

@@ -41,7 +41,7 @@ __all__ = ["DB_NAME", "DURABILITY", "SCHEMA_VERSION", "LeaseStore", "StateError"
 
 log = logging.getLogger("vaccel.brokerd")
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 3
 # Columns each older version lacks, added in place at start-up (after the read-only checks).
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -52,7 +52,6 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         "ALTER TABLE leases ADD COLUMN ending_state TEXT NOT NULL DEFAULT ''",
     ),
     2: ("ALTER TABLE leases ADD COLUMN request_key TEXT NOT NULL DEFAULT ''",),
-    3: ("ALTER TABLE leases ADD COLUMN time_given INTEGER NOT NULL DEFAULT 1",),
 }
 DB_NAME = "leases.db"
 _HISTORY_DAYS = 30
@@ -71,8 +70,7 @@ CREATE TABLE IF NOT EXISTS leases (
     members TEXT NOT NULL DEFAULT '[]',
     requested_at REAL NOT NULL DEFAULT 0, reservation INTEGER NOT NULL DEFAULT 0,
     notice TEXT NOT NULL DEFAULT '', time_limit_s REAL NOT NULL DEFAULT 0,
-    ending_state TEXT NOT NULL DEFAULT '', request_key TEXT NOT NULL DEFAULT '',
-    time_given INTEGER NOT NULL DEFAULT 1
+    ending_state TEXT NOT NULL DEFAULT '', request_key TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS holdings (
     device_uuid TEXT PRIMARY KEY,
@@ -109,7 +107,7 @@ def _lease_row(lease: Lease) -> tuple:
         lease.ended_at, lease.end_reason, json.dumps(asdict(lease.terms)),
         json.dumps([asdict(w) for w in lease.warnings]), int(lease.simulated),
         json.dumps(sorted(lease.members)), lease.requested_at, int(lease.reservation), lease.notice,
-        lease.time_limit_s, lease.ending_state, lease.request_key, int(lease.time_given),
+        lease.time_limit_s, lease.ending_state, lease.request_key,
     )
 
 
@@ -149,7 +147,6 @@ def _lease_from_row(row: sqlite3.Row) -> Lease:
         time_limit_s=row["time_limit_s"],
         ending_state=row["ending_state"],
         request_key=row["request_key"],
-        time_given=bool(row["time_given"]),
     )
 
 
