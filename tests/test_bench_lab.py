@@ -77,6 +77,7 @@ def test_time_limits_are_whole_real_minutes_for_every_system() -> None:
     free = trace.Job(2, "a", 0, 1, duration_s=1800)
     assert plan.steps([free], "vaccel", compression)[0].time_limit_s == 0
     assert plan.steps([free], "vaccel-policy", compression)[0].time_limit_s == 3 * 3600
+    assert plan.steps([free], "slurm-policy", compression) == plan.steps([free], "vaccel-policy", compression)
     assert compression.minutes(plan.DEFAULT_LIMIT_S) == 8
 
 

@@ -49,8 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--users", type=int, default=20, help="people in the generated trace (20)")
     parser.add_argument("--speed", type=float, default=180.0, help="lab seconds per real second (180: 1 h in 20 s)")
     parser.add_argument("--devices", type=int, default=8, help="simulated GPUs on each system (8)")
-    parser.add_argument("--systems", type=_systems, default=list(plan.SYSTEMS),
-                        help=f"comma-separated, from {','.join(plan.SYSTEMS)} (default: all)")
+    parser.add_argument("--systems", type=_systems, default=list(plan.DEFAULT_SYSTEMS),
+                        help=f"comma-separated, from {','.join(plan.SYSTEMS)} "
+                             f"(default: {','.join(plan.DEFAULT_SYSTEMS)})")
     parser.add_argument("--timeout", type=float, default=3600.0,
                         help="real seconds one system's replay may take before it is called failed (3600)")
     parser.add_argument("--write-trace", metavar="FILE", help="write the trace (JSON lines) and exit")
@@ -61,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _problem(args: argparse.Namespace) -> str:
     if args.speed <= 0 or args.hours <= 0 or args.users < 1 or args.devices < 1 or args.timeout <= 0:
         return "--speed, --hours, --timeout must be positive; --users and --devices at least 1"
-    if "slurm" in args.systems:
+    if any(name.startswith("slurm") for name in args.systems):
         from tests.slurm_cluster import missing_programs
 
         if os.geteuid() != 0 or missing_programs():
@@ -79,7 +80,7 @@ def run(args: argparse.Namespace, jobs: list[Any]) -> dict[str, Any]:
     for name in args.systems:
         began = time.monotonic()
         steps = plan.steps(jobs, name, compression)
-        if name == "slurm":
+        if name.startswith("slurm"):
             outcomes, setup[name] = replay_slurm.replay(steps, compression, args.devices, args.timeout)
         else:
             outcomes, setup[name] = replay_vaccel.replay(steps, name, compression, args.devices, args.timeout)

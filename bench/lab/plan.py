@@ -12,7 +12,9 @@ The systems differ only in what their users say:
 - "vaccel" and "slurm": the trace as it is (most jobs give no `--time`; they get the lab's
   default time limit, 24 h);
 - "vaccel-policy": every job gives `--time`: the one it gave, else what a user who must
-  give one says: twice the duration, rounded up to the hour (a 10 min job says 1 h).
+  give one says: twice the duration, rounded up to the hour (a 10 min job says 1 h);
+- "slurm-policy" (not run unless asked for): Slurm with the same `--time` on every job, to
+  tell what the lab's policy buys from what vaccel does with it.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from bench.lab.trace import HOUR, INTERACTIVE, Job
 
 DEFAULT_LIMIT_S = 24 * HOUR  # vaccel's time_default, and the Slurm partition's DefaultTime
 MAX_LIMIT_S = 7 * 86400.0  # vaccel's time_max, and the partition's MaxTime
-SYSTEMS = ("vaccel", "vaccel-policy", "slurm")
+SYSTEMS = ("vaccel", "vaccel-policy", "slurm", "slurm-policy")
+DEFAULT_SYSTEMS = SYSTEMS[:3]
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,7 @@ class Step:
 
 def stated_limit(job: Job, system: str) -> float:
     """The --time the job's user gives on `system`, in lab seconds (0: none)."""
-    if job.time_limit_s or system != "vaccel-policy":
+    if job.time_limit_s or not system.endswith("-policy"):
         return job.time_limit_s
     return min(max(HOUR, math.ceil(2 * job.duration_s / HOUR) * HOUR), MAX_LIMIT_S)
 
