@@ -88,15 +88,11 @@ def run(args: argparse.Namespace, jobs: list[Any]) -> dict[str, Any]:
                          "outcomes": [asdict(o) for o in outcomes]}
         done = systems[name]
         print(f"bench.lab: {name} done in {done['replay_s']:.0f} s: utilization {done['utilization']:.3f}, "
-              f"wait p50 {_hours(done['wait_p50_s'])}, makespan {_hours(done['makespan_s'])}", file=sys.stderr,
-              flush=True)
+              f"wait p50 {format_duration(done['wait_p50_s'])}, makespan {format_duration(done['makespan_s'])}",
+              file=sys.stderr, flush=True)
     return {"trace": {**summary(jobs, args.devices), "source": args.trace or f"seed {args.seed}"},
             "devices": args.devices, "speed": args.speed, "limit_step_s": compression.limit_step_s,
             "distinct_uids": os.geteuid() == 0, "systems": systems, "ratios": ratios(systems), "setup": setup}
-
-
-def _hours(seconds: float) -> str:
-    return format_duration(seconds)
 
 
 def _ratio(ratios: dict[str, float | None], key: str, width: int) -> str:
@@ -110,16 +106,17 @@ def render(result: dict[str, Any]) -> str:
              f"{t['interactive']} interactive; {t['gpu_hours']:.0f} GPU-hours offered "
              f"(load {t['offered_load']:.2f} on {result['devices']} GPUs)",
              f"replayed at {result['speed']:g}x (1 lab hour = {HOUR / result['speed']:.1f} s); time limits in steps "
-             f"of {_hours(result['limit_step_s'])} (one real minute, Slurm's unit) on every system; lab time below",
+             f"of {format_duration(result['limit_step_s'])} (one real minute, Slurm's unit) on every system; "
+             "lab time below",
              "",
              f"{'':22}{'util':>7}{'idle-wait':>11}{'wait p50':>10}{'wait p90':>10}{'wait max':>10}{'Jain':>7}"
              f"{'slowdown':>14}{'makespan':>10}",
              f"{'':22}{'':>7}{'dev-hours':>11}{'':>30}{'':>7}{'med / max':>14}"]
     for name, s in result["systems"].items():
         lines.append(f"{name:<22}{s['utilization']:>7.3f}{s['idle_while_waiting_s'] / HOUR:>11.1f}"
-                     f"{_hours(s['wait_p50_s']):>10}{_hours(s['wait_p90_s']):>10}{_hours(s['wait_max_s']):>10}"
+                     f"{format_duration(s['wait_p50_s']):>10}{format_duration(s['wait_p90_s']):>10}{format_duration(s['wait_max_s']):>10}"
                      f"{s['jain']:>7.3f}{s['slowdown_user_median']:>7.2f} /{s['slowdown_user_max']:>5.1f}"
-                     f"{_hours(s['makespan_s']):>10}")
+                     f"{format_duration(s['makespan_s']):>10}")
     for name, r in result["ratios"].items():
         lines.append(f"{name + ' / slurm':<22}{_ratio(r, 'utilization', 7)}{_ratio(r, 'idle_while_waiting_s', 11)}"
                      f"{_ratio(r, 'wait_p50_s', 10)}{_ratio(r, 'wait_p90_s', 10)}{_ratio(r, 'wait_max_s', 10)}"

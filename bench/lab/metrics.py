@@ -98,6 +98,7 @@ def figures(outcomes: Sequence[Outcome], devices: int) -> dict[str, object]:
     held = sum(o.gpus * o.run_s for o in outcomes)
     waits = [o.wait_s for o in outcomes]
     slow = slowdowns(outcomes)
+    rates = service_rates(outcomes)
     return {
         "jobs": len(outcomes),
         "utilization": held / (devices * makespan) if makespan else 0.0,
@@ -105,13 +106,12 @@ def figures(outcomes: Sequence[Outcome], devices: int) -> dict[str, object]:
         "wait_p50_s": median(waits),
         "wait_p90_s": percentile(waits, 90),
         "wait_max_s": max(waits, default=0.0),
-        "jain": jain(service_rates(outcomes).values()),
+        "jain": jain(rates.values()),
         "slowdown_user_median": median(list(slow.values())),
         "slowdown_user_max": max(slow.values(), default=0.0),
         "makespan_s": makespan,
         "device_hours": held / 3600.0,
-        "per_user": {user: {"service": rate, "slowdown": slow[user]}
-                     for user, rate in service_rates(outcomes).items()},
+        "per_user": {user: {"service": rate, "slowdown": slow[user]} for user, rate in rates.items()},
     }
 
 
