@@ -59,12 +59,17 @@ def _free_ports(count: int) -> list[int]:
 
 
 class SlurmCluster:
-    """One node (this host's short name) with `gpus` fake GPUs and `cpus` declared CPUs."""
+    """One node (this host's short name) with `gpus` fake GPUs and `cpus` declared CPUs.
+    `settings` are more slurm.conf lines (a benchmark's SchedulerParameters), `partition`
+    the test partition's limits."""
 
-    def __init__(self, root: Path, *, gpus: int = 4, cpus: int = 8) -> None:
+    def __init__(self, root: Path, *, gpus: int = 4, cpus: int = 8, settings: str = "",
+                 partition: str = "MaxTime=INFINITE") -> None:
         self.root = Path(root)
         self.gpus = gpus
         self.cpus = cpus
+        self.settings = settings
+        self.partition = partition
         self.node = socket.gethostname().split(".")[0]
         self.conf = self.root / "etc" / "slurm.conf"
         self.devices = [self.root / "dev" / f"nvidia{i}" for i in range(gpus)]
@@ -156,8 +161,9 @@ ReturnToService=2
 InactiveLimit=0
 KillWait=2
 Epilog=/bin/true
+{self.settings}
 NodeName={self.node} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory=2000 Gres=gpu:{self.gpus} State=UNKNOWN
-PartitionName=test Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
+PartitionName=test Nodes={self.node} Default=YES {self.partition} State=UP
 """)
         (r / "etc" / "gres.conf").write_text(
             f"AutoDetect=off\nNodeName={self.node} Name=gpu File={r}/dev/nvidia{last}\n")

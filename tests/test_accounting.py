@@ -124,6 +124,17 @@ def test_non_admins_see_totals_and_their_own_rows_only():
     assert devices.rows_hidden is False
 
 
+def test_by_lease_each_lease_is_a_row_oldest_first_carrying_the_lease():
+    report = build_report(SEQUENCE, T0, T0 + 6 * H, "lease", group_of, None)
+    assert [r.key for r in report.rows] == ["d", "a", "b", "c", "e"]  # erin's ended before the period
+    row = rows_by_key(report)["b"]
+    assert (row.leases, row.device_hours, row.wait_max_s, row.end_reasons) == (1, pytest.approx(6.0), 60,
+                                                                               {"expired": 1})
+    assert row.lease is SEQUENCE[1]
+    mine = build_report(SEQUENCE, T0, T0 + 6 * H, "lease", group_of, hide_other_users_for_uid=1002)
+    assert [r.key for r in mine.rows] == ["c"] and mine.rows_hidden is True
+
+
 def test_report_json_has_the_design_shape():
     doc = report_json(build_report(SEQUENCE, T0, T0 + 6 * H, "user", group_of, None))
     assert {"since", "until", "rows", "total", "by", "rows_hidden"} <= set(doc)
@@ -184,6 +195,28 @@ def test_live_leases_are_reported_mid_lease_and_ended_ones_survive_a_reopen(tmp_
     assert after.total.device_hours == pytest.approx(4.0)
     assert after.rows[0].key == "user1001"
     close(again)
+
+
+def test_a_lease_keeps_its_time_limit_and_an_older_file_gains_the_column(tmp_path):
+    import sqlite3
+
+    old = sqlite3.connect(tmp_path / "accounting.db")  # the table as it was before time limits were kept
+    old.executescript("CREATE TABLE usage (lease_id TEXT PRIMARY KEY, uid INTEGER NOT NULL, user TEXT NOT NULL, "
+                      "gid INTEGER NOT NULL, devices TEXT NOT NULL, granted_at REAL NOT NULL, ended_at REAL NOT NULL, "
+                      "wait_s REAL NOT NULL, state TEXT NOT NULL, end_reason TEXT NOT NULL, reservation INTEGER "
+                      "NOT NULL, util_mean_pct REAL, idle_device_s REAL);"
+                      f"INSERT INTO usage VALUES ('l-old', 1001, 'user1001', 100, '[\"d1\"]', {T0}, {T0 + H}, 0, "
+                      "'released', '', 0, NULL, NULL);")
+    old.close()
+    clock = Clock(T0 + 3 * H)
+    acc = make(tmp_path, clock)
+    limited = lease("l-new", 1001, ("d2",), T0 + H)
+    limited.time_limit_s = 2 * H
+    acc.granted(limited)
+    acc.ended(end(limited, T0 + 2 * H))
+    rows = rows_by_key(acc.report(T0, 0, "lease", 0, True))
+    assert (rows["l-old"].lease.time_limit_s, rows["l-new"].lease.time_limit_s) == (0.0, 2 * H)
+    close(acc)
 
 
 def test_a_lease_the_store_saw_end_is_filled_in_after_a_crash(tmp_path):

@@ -51,6 +51,25 @@ def test_report_after_two_leases_as_json_csv_and_table(broker):
     assert by_day["total"]["leases"] == 2 and all(len(row["key"]) == 10 for row in by_day["rows"])
     assert report(broker, "--since", "1d", "--by", "group")["total"]["leases"] == 2
 
+    by_lease = report(broker, "--by", "lease")
+    assert [row["lease"]["devices"] for row in by_lease["rows"]] == [1, 2]  # oldest first
+    first = by_lease["rows"][0]["lease"]
+    assert set(first) == {"user", "requested_at", "granted_at", "ended_at", "devices", "time_limit_s",
+                          "reservation", "state"}
+    assert (first["user"], first["state"], first["reservation"]) == (me, "released", False)
+    assert first["requested_at"] <= first["granted_at"] <= first["ended_at"]
+    assert first["time_limit_s"] == 86400  # the default applies
+    r = broker.vaccel("report", "--by", "lease", "--csv")
+    assert r.returncode == 0, r.stderr
+    leases = list(csv.DictReader(io.StringIO(r.stdout)))
+    assert [line["key"] for line in leases] == [row["key"] for row in by_lease["rows"]]  # no total line
+    assert (leases[1]["devices"], leases[1]["reservation"], leases[1]["state"]) == ("2", "0", "released")
+    from bench.lab.convert import from_vaccel  # the lab benchmark replays this export
+
+    assert [job.gpus for job in from_vaccel(r.stdout, default_time_s=86400)[0]] == [1, 2]
+    table = broker.vaccel("report", "--by", "lease")
+    assert table.returncode == 0 and "TIME LIMIT" in table.stdout and "1d00h" in table.stdout, table.stdout
+
     r = broker.vaccel("report", "--csv")
     assert r.returncode == 0, r.stderr
     lines = list(csv.DictReader(io.StringIO(r.stdout)))

@@ -121,9 +121,13 @@ def lease_pb(lease: Lease, *, ttl_s: float, device: Callable[[str], Device | Non
 
 def report_pb(report: Report) -> pb.ReportReply:
     def row(r: ReportRow) -> pb.ReportRow:
+        used = None if r.lease is None else pb.UsedLease(  # by lease
+            user=r.lease.user, requested_at=r.lease.granted_at - r.lease.wait_s, granted_at=r.lease.granted_at,
+            ended_at=r.lease.ended_at, devices=len(r.lease.devices), time_limit_s=r.lease.time_limit_s,
+            reservation=r.lease.reservation, state=r.lease.state)
         return pb.ReportRow(key=r.key, device_hours=r.device_hours, leases=r.leases, wait_p50_s=r.wait_p50_s,
                             wait_p90_s=r.wait_p90_s, wait_max_s=r.wait_max_s,
-                            idle_device_hours=r.idle_device_hours, end_reasons=r.end_reasons)
+                            idle_device_hours=r.idle_device_hours, end_reasons=r.end_reasons, lease=used)
 
     return pb.ReportReply(since=report.since, until=report.until, by=report.by, rows=[row(r) for r in report.rows],
                           total=row(report.total), rows_hidden=report.rows_hidden)

@@ -43,9 +43,11 @@ from brokerd.state.report import STILL_ACTIVE, Report, UsageRow, build_report
 log = logging.getLogger("vaccel.brokerd")
 
 DB_NAME = "accounting.db"
-SCHEMA_VERSION = 2
-# Columns each older version lacks, added in place when the file is opened.
-_MIGRATIONS = {1: ("ALTER TABLE usage ADD COLUMN weight REAL",)}
+SCHEMA_VERSION = 3
+# Columns older files lack (version 1: both, 2: the time limit), added in place when the file
+# is opened: found by name, so a file of any older version (or none) gets exactly those.
+_ADDED_COLUMNS = (("weight", "ALTER TABLE usage ADD COLUMN weight REAL"),
+                  ("time_limit_s", "ALTER TABLE usage ADD COLUMN time_limit_s REAL NOT NULL DEFAULT 0"))
 PRUNE_EVERY_S = 86400.0
 DEFAULT_SPAN_S = 7 * 86400.0  # a report that names no start covers the last week
 
@@ -58,13 +60,14 @@ CREATE TABLE IF NOT EXISTS usage (
     granted_at REAL NOT NULL, ended_at REAL NOT NULL, wait_s REAL NOT NULL,
     state TEXT NOT NULL, end_reason TEXT NOT NULL, reservation INTEGER NOT NULL,
     util_mean_pct REAL, idle_device_s REAL,
-    weight REAL  -- a memory share's part of its device (device-hours x this); NULL: its devices
+    weight REAL,  -- a memory share's part of its device (device-hours x this); NULL: its devices
+    time_limit_s REAL NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS usage_ended ON usage(ended_at);
 """
 _COLUMNS = ("lease_id, uid, user, gid, devices, granted_at, ended_at, wait_s, state, end_reason, "
-            "reservation, util_mean_pct, idle_device_s, weight")
-_MARKS = ",".join("?" * 14)
+            "reservation, util_mean_pct, idle_device_s, weight, time_limit_s")
+_MARKS = ",".join("?" * 15)
 
 @dataclass
 class _Live:
@@ -90,13 +93,14 @@ def usage_row(lease: Lease, live: _Live | None, now: float, gid: int) -> UsageRo
         util_mean_pct=live.util_s / live.sampled_s if sampled and live else None,
         idle_device_s=live.idle_s if sampled and live else None,
         weight=lease.weight if lease.share_mib else None,
+        time_limit_s=lease.time_limit_s,
     )
 
 
 def _values(row: UsageRow) -> tuple:
     return (row.lease_id, row.uid, row.user, row.gid, json.dumps(list(row.devices)), row.granted_at,
             row.ended_at, row.wait_s, row.state, row.end_reason, int(row.reservation), row.util_mean_pct,
-            row.idle_device_s, row.weight)
+            row.idle_device_s, row.weight, row.time_limit_s)
 
 
 def _from_db(r: tuple, devices: dict[str, tuple[str, ...]]) -> UsageRow:
@@ -105,7 +109,7 @@ def _from_db(r: tuple, devices: dict[str, tuple[str, ...]]) -> UsageRow:
     held = devices.get(r[4])
     if held is None:
         held = devices[r[4]] = tuple(json.loads(r[4]))
-    return UsageRow(r[0], r[1], r[2], r[3], held, *r[5:10], bool(r[10]), r[11], r[12], r[13])
+    return UsageRow(r[0], r[1], r[2], r[3], held, *r[5:10], bool(r[10]), r[11], r[12], r[13], r[14])
 
 
 def _open(path: Path) -> sqlite3.Connection:
@@ -117,15 +121,13 @@ def _open(path: Path) -> sqlite3.Connection:
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.executescript(_SCHEMA)
         row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        if row is None:
-            conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-        elif row[0] in {str(v) for v in _MIGRATIONS}:
-            for version in range(int(row[0]), SCHEMA_VERSION):
-                for statement in _MIGRATIONS[version]:
-                    conn.execute(statement)
-            conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
-        elif row[0] != str(SCHEMA_VERSION):
+        if row is not None and row[0] not in {str(v) for v in range(1, SCHEMA_VERSION + 1)}:
             raise sqlite3.DatabaseError(f"schema version {row[0]}, this daemon knows {SCHEMA_VERSION}")
+        present = {c[1] for c in conn.execute("PRAGMA table_info(usage)")}
+        for column, statement in _ADDED_COLUMNS:
+            if column not in present:
+                conn.execute(statement)
+        conn.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
     except sqlite3.DatabaseError:
         conn.close()
         raise

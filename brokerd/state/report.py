@@ -5,7 +5,9 @@ One population per row: the leases that held devices at some moment of the row's
 period. Their device-hours (and idle device-hours) are clipped to the period; their
 waits give the percentiles; each is counted once under its end state ("active" while it
 runs), so a row's end reasons add up to its leases. `by="day"` splits a lease across the
-local days it spans.
+local days it spans; `by="lease"` gives each lease its own row, carrying the lease
+(`ReportRow.lease`: who, when asked, granted and ended, its devices and time limit), the
+export a lab replays (bench/lab/convert.py).
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ from __future__ import annotations
 import bisect
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-BY = ("user", "group", "device", "day")
+BY = ("user", "group", "device", "day", "lease")
 STILL_ACTIVE = "active"  # the end state a report shows for a lease that still runs
 
 
@@ -40,6 +42,7 @@ class UsageRow:
     util_mean_pct: float | None = None
     idle_device_s: float | None = None
     weight: float | None = None  # devices it counted as, a memory share its part of its device; None: its devices
+    time_limit_s: float = 0.0  # the time limit it was granted with (0: none)
 
     @property
     def device_weight(self) -> float:
@@ -56,6 +59,7 @@ class ReportRow:
     wait_max_s: float = 0.0
     idle_device_hours: float = 0.0
     end_reasons: dict[str, int] = field(default_factory=dict)
+    lease: UsageRow | None = None  # by lease: the lease the row is
 
 
 @dataclass(frozen=True)
@@ -171,7 +175,8 @@ def build_report(
     total = _Tally()
     tallies: dict[str, _Tally] = {}
     hidden = False
-    personal = by in ("user", "group")
+    personal = by in ("user", "group", "lease")
+    leases: dict[str, UsageRow] = {}
     days = _Days(since, until) if by == "day" else None
     for row in rows:
         clipped = _clip(row, since, until)
@@ -189,12 +194,19 @@ def build_report(
         elif by == "device":
             for uuid in row.devices:
                 tallies.setdefault(uuid, _Tally()).add(row, start, end, row.device_weight / len(row.devices))
+        elif by == "lease":
+            leases[row.lease_id] = row
+            tallies.setdefault(row.lease_id, _Tally()).add(row, start, end, row.device_weight)
         elif days is not None:
             days.add(tallies, row, start, end)
-    keyed = sorted(tallies.items()) if by == "day" else sorted(
-        tallies.items(), key=lambda item: (-item[1].seconds, item[0]))
-    return Report(since=since, until=until, by=by, rows=tuple(t.row(k) for k, t in keyed),
-                  total=total.row("total"), rows_hidden=hidden)
+    if by == "lease":  # oldest first, each row carrying its lease
+        keyed = sorted(tallies.items(), key=lambda item: (leases[item[0]].granted_at, item[0]))
+        rows = tuple(replace(t.row(k), lease=leases[k]) for k, t in keyed)
+    else:
+        keyed = sorted(tallies.items()) if by == "day" else sorted(
+            tallies.items(), key=lambda item: (-item[1].seconds, item[0]))
+        rows = tuple(t.row(k) for k, t in keyed)
+    return Report(since=since, until=until, by=by, rows=rows, total=total.row("total"), rows_hidden=hidden)
 
 
 def row_json(row: ReportRow) -> dict[str, Any]:

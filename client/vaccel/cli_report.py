@@ -1,5 +1,7 @@
 """`vaccel report`: device-hours, leases, waits, idle time and end reasons over a period,
-by user, group, device or day, as a table, JSON or CSV.
+by user, group, device or day, as a table, JSON or CSV; or one row per lease (`--by lease`:
+who, asked, granted, ended, devices, time limit, end state), the export a lab can replay
+(bench/lab/convert.py).
 
 Everyone sees the totals; other users' rows (by user or group) only root and the admin
 group, unless the daemon's config shares them (`[accounting] per_user_report`).
@@ -16,8 +18,9 @@ from vaccel.cli_common import EXIT_USAGE, CliError, connection, rpc, shown, tabl
 from vaccel_common.units import format_duration, parse_duration
 from vaccel_common.v1 import broker_pb2 as pb
 
-BY = ("user", "group", "device", "day")
+BY = ("user", "group", "device", "day", "lease")
 FIELDS = ("key", "device_hours", "leases", "wait_p50_s", "wait_p90_s", "wait_max_s", "idle_device_hours")
+LEASE_FIELDS = ("user", "requested_at", "granted_at", "ended_at", "devices", "time_limit_s", "reservation", "state")
 TOTAL_KEY = "(total)"  # no user, group, device or day is spelt with parentheses
 
 
@@ -33,7 +36,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--since", metavar="DURATION", help="the period that ends now, e.g. 24h, 7d, 30d")
     p.add_argument("--from", dest="start", metavar="DATE", help="start: 2025-01-31 or 2025-01-31T14:00 (local time)")
     p.add_argument("--to", dest="end", metavar="DATE", help="end, that day included when no time is given")
-    p.add_argument("--by", choices=BY, default="user", help="one row per user (default), group, device or day")
+    p.add_argument("--by", choices=BY, default="user",
+                   help="one row per user (default), group, device, day or lease")
     shape = p.add_mutually_exclusive_group()
     shape.add_argument("--json", action="store_true", help="machine-readable output")
     shape.add_argument("--csv", action="store_true", help="one line per row, for a spreadsheet")
@@ -75,10 +79,17 @@ def period(args: argparse.Namespace, now: float) -> tuple[float, float]:
     return since, until
 
 
+def lease_json(used: pb.UsedLease) -> dict[str, Any]:
+    return {name: getattr(used, name) for name in LEASE_FIELDS}
+
+
 def row_json(row: pb.ReportRow) -> dict[str, Any]:
-    return {"key": row.key, "device_hours": row.device_hours, "leases": row.leases,
+    item = {"key": row.key, "device_hours": row.device_hours, "leases": row.leases,
             "wait_p50_s": row.wait_p50_s, "wait_p90_s": row.wait_p90_s, "wait_max_s": row.wait_max_s,
             "idle_device_hours": row.idle_device_hours, "end_reasons": dict(sorted(row.end_reasons.items()))}
+    if row.HasField("lease"):
+        item["lease"] = lease_json(row.lease)
+    return item
 
 
 def report_json(reply: pb.ReportReply) -> dict[str, Any]:
@@ -97,6 +108,13 @@ def render_csv(reply: pb.ReportReply) -> str:
     import io
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
+    if reply.by == "lease":  # one line per lease, no total: a list to replay or sum
+        writer.writerow(["key", *LEASE_FIELDS, "device_hours", "wait_s"])
+        for row in reply.rows:
+            used = lease_json(row.lease)
+            writer.writerow([row.key, *(int(v) if isinstance(v, bool) else v for v in used.values()),
+                             row.device_hours, row.wait_max_s])
+        return out.getvalue()
     writer.writerow([*FIELDS, "end_reasons"])
     for row in [*reply.rows, reply.total]:
         key = TOTAL_KEY if row is reply.total else row.key
@@ -110,6 +128,14 @@ def _when(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
 
 
+def _lease_table(reply: pb.ReportReply) -> list[list[str]]:
+    return [[row.key, row.lease.user, _when(row.lease.granted_at),
+             format_duration(row.lease.ended_at - row.lease.granted_at), str(row.lease.devices),
+             format_duration(row.wait_max_s),
+             format_duration(row.lease.time_limit_s) if row.lease.time_limit_s else "-", row.lease.state]
+            for row in reply.rows]
+
+
 def render_table(reply: pb.ReportReply, names: dict[str, str]) -> str:
     def cells(key: str, row: pb.ReportRow) -> list[str]:
         return [key, f"{row.device_hours:.2f}", str(row.leases), format_duration(row.wait_p50_s),
@@ -118,10 +144,14 @@ def render_table(reply: pb.ReportReply, names: dict[str, str]) -> str:
 
     head = (f"usage {_when(reply.since)} to {_when(reply.until)} "
             f"({format_duration(reply.until - reply.since)}), by {reply.by}")
-    rows = [cells(names.get(r.key, r.key), r) for r in reply.rows]
-    rows.append(cells("TOTAL", reply.total))
-    header = [reply.by.upper(), "DEVICE-HOURS", "LEASES", "WAIT P50", "WAIT P90", "WAIT MAX", "IDLE DEV-H", "ENDS"]
-    out = [head, table(rows, header)]
+    if reply.by == "lease":
+        header = ["LEASE", "USER", "GRANTED", "HELD", "DEVICES", "WAITED", "TIME LIMIT", "ENDED AS"]
+        out = [head, table(_lease_table(reply), header)]
+    else:
+        rows = [cells(names.get(r.key, r.key), r) for r in reply.rows]
+        rows.append(cells("TOTAL", reply.total))
+        header = [reply.by.upper(), "DEVICE-HOURS", "LEASES", "WAIT P50", "WAIT P90", "WAIT MAX", "IDLE DEV-H", "ENDS"]
+        out = [head, table(rows, header)]
     if reply.rows_hidden:
         out.append("(other users' rows are shown to root and the admin group only; the total counts everyone)")
     return "\n".join(out)

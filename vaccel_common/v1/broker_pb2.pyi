@@ -458,7 +458,7 @@ class ReportRequest(_message.Message):
     def __init__(self, since: _Optional[float] = ..., until: _Optional[float] = ..., by: _Optional[str] = ...) -> None: ...
 
 class ReportRow(_message.Message):
-    __slots__ = ("key", "device_hours", "leases", "wait_p50_s", "wait_p90_s", "wait_max_s", "idle_device_hours", "end_reasons")
+    __slots__ = ("key", "device_hours", "leases", "wait_p50_s", "wait_p90_s", "wait_max_s", "idle_device_hours", "end_reasons", "lease")
     class EndReasonsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -474,6 +474,7 @@ class ReportRow(_message.Message):
     WAIT_MAX_S_FIELD_NUMBER: _ClassVar[int]
     IDLE_DEVICE_HOURS_FIELD_NUMBER: _ClassVar[int]
     END_REASONS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
     key: str
     device_hours: float
     leases: int
@@ -482,7 +483,28 @@ class ReportRow(_message.Message):
     wait_max_s: float
     idle_device_hours: float
     end_reasons: _containers.ScalarMap[str, int]
-    def __init__(self, key: _Optional[str] = ..., device_hours: _Optional[float] = ..., leases: _Optional[int] = ..., wait_p50_s: _Optional[float] = ..., wait_p90_s: _Optional[float] = ..., wait_max_s: _Optional[float] = ..., idle_device_hours: _Optional[float] = ..., end_reasons: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    lease: UsedLease
+    def __init__(self, key: _Optional[str] = ..., device_hours: _Optional[float] = ..., leases: _Optional[int] = ..., wait_p50_s: _Optional[float] = ..., wait_p90_s: _Optional[float] = ..., wait_max_s: _Optional[float] = ..., idle_device_hours: _Optional[float] = ..., end_reasons: _Optional[_Mapping[str, int]] = ..., lease: _Optional[_Union[UsedLease, _Mapping]] = ...) -> None: ...
+
+class UsedLease(_message.Message):
+    __slots__ = ("user", "requested_at", "granted_at", "ended_at", "devices", "time_limit_s", "reservation", "state")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_AT_FIELD_NUMBER: _ClassVar[int]
+    GRANTED_AT_FIELD_NUMBER: _ClassVar[int]
+    ENDED_AT_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    TIME_LIMIT_S_FIELD_NUMBER: _ClassVar[int]
+    RESERVATION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    user: str
+    requested_at: float
+    granted_at: float
+    ended_at: float
+    devices: int
+    time_limit_s: float
+    reservation: bool
+    state: str
+    def __init__(self, user: _Optional[str] = ..., requested_at: _Optional[float] = ..., granted_at: _Optional[float] = ..., ended_at: _Optional[float] = ..., devices: _Optional[int] = ..., time_limit_s: _Optional[float] = ..., reservation: _Optional[bool] = ..., state: _Optional[str] = ...) -> None: ...
 
 class ReportReply(_message.Message):
     __slots__ = ("since", "until", "by", "rows", "total", "rows_hidden")

@@ -1,0 +1,182 @@
+"""Replay a trace against a real vaccel-brokerd on simulated GPUs.
+
+Each lab user is a client process of their own (bench/lab/user_driver.py) under a uid of
+their own when we are root (61001, 61002, ...: the broker's fair queue and limits go by
+the kernel's uid; no account needs to exist), each job a thread taking a lease, holding it,
+giving it back. The drivers run from a world-readable copy of the client packages, since
+the checkout may sit where other users cannot read.
+
+The broker runs with its defaults, each lab duration among them divided by the speed:
+`time_default` (24 h), `time_max` (7 d), `fair_half_life` (24 h), `aging` (4 h). The
+"vaccel-policy" system adds what a lab would set: `max_devices` at half the machine per
+user (or the largest job's GPUs, if more), and every job gives `--time` (bench/lab/plan.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from bench.lab.metrics import Outcome
+from bench.lab.plan import DEFAULT_LIMIT_S, MAX_LIMIT_S, Compression, Step
+from bench.lab.trace import HOUR
+
+ROOT = Path(__file__).resolve().parents[2]
+FIRST_UID = 61001
+READY_TIMEOUT_S = 60.0
+START_MARGIN_S = 1.0  # between the last driver's "ready" and the replay's start
+
+
+class ReplayError(RuntimeError):
+    """A replay failed; the message says where."""
+
+
+def inventory(devices: int) -> str:
+    """`devices` simulated A100s, alike, so any request fits any of them."""
+    lines = ["devices:"]
+    for i in range(devices):
+        lines += ["  - vendor: nvidia", "    name: NVIDIA A100-SXM4-80GB",
+                  f"    uuid: GPU-1ab0000-0000-0000-0000-{i + 1:012d}",
+                  f'    pci_bus_id: "0000:{0x10 + i:02x}:00.0"', "    memory_mib: 81920",
+                  '    compute_capability: "8.0"', '    driver_version: "535.54.03"']
+    return "\n".join(lines) + "\n"
+
+
+def broker_config(system: str, compression: Compression, devices: int, largest: int) -> str:
+    """The daemon's config: its defaults at the replay's speed, and the lab's policy
+    (`largest`: the most GPUs one job of the trace asks for, which the limit must allow)."""
+    def real(lab_s: float) -> str:
+        return f'"{compression.real(lab_s):.3f}s"'
+
+    lines = ["[policy]", f"fair_half_life = {real(24 * HOUR)}", f"aging = {real(4 * HOUR)}",
+             "[policy.default]", f"time_default = {real(compression.limit(DEFAULT_LIMIT_S))}",
+             f"time_max = {real(compression.limit(MAX_LIMIT_S))}"]
+    if system == "vaccel-policy":
+        lines.append(f"max_devices = {max(largest, devices // 2)}")
+    return "\n".join(lines) + "\n"
+
+
+def _stage(into: Path) -> Path:
+    """A world-readable copy of what the drivers import."""
+    stage = into / "stage"
+    for package in (ROOT / "client" / "vaccel", ROOT / "vaccel_common"):
+        shutil.copytree(package, stage / package.name, ignore=shutil.ignore_patterns("__pycache__"))
+    (stage / "bench" / "lab").mkdir(parents=True)
+    for name in ("bench/__init__.py", "bench/lab/__init__.py", "bench/lab/user_driver.py"):
+        shutil.copy(ROOT / name, stage / name)
+    for path in [into, stage, *stage.rglob("*")]:
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
+    return stage
+
+
+class _Driver:
+    """One user's process and the records it prints."""
+
+    def __init__(self, user: str, uid: int | None, plan: dict[str, Any], socket: Path, stage: Path, log: IO[bytes]):
+        ids = {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
+        self.user = user
+        self.proc = subprocess.Popen([sys.executable, "-m", "bench.lab.user_driver", str(socket)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, cwd=stage,
+                                     env={"PYTHONPATH": str(stage), "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                                          "GRPC_ENABLE_FORK_SUPPORT": "0"},
+                                     text=True, **ids)  # type: ignore[arg-type]
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(plan) + "\n")
+        self.proc.stdin.flush()
+        self.records: list[dict[str, Any]] = []
+        self.ready = threading.Event()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            record = json.loads(line)
+            if record.get("ready"):
+                self.ready.set()
+            else:
+                self.records.append(record)
+
+    def start(self, at: float) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{at}\n")
+        self.proc.stdin.close()
+
+    def wait(self, deadline: float) -> None:
+        self.proc.wait(timeout=max(1.0, deadline - time.time()))
+        self._reader.join(5)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def replay(steps: list[Step], system: str, compression: Compression, devices: int,
+           timeout_s: float) -> tuple[list[Outcome], dict[str, Any]]:
+    """Run the steps against a fresh broker; the jobs' outcomes and how it was set up."""
+    from tests.conftest import Broker  # the tests' broker fixture: a daemon subprocess on a temp socket
+
+    workdir = Path(tempfile.mkdtemp(prefix="vaccel-bench-lab-"))
+    drivers: list[_Driver] = []
+    broker = None
+    config = broker_config(system, compression, devices, max(s.job.gpus for s in steps))
+    try:
+        (workdir / "inventory.yaml").write_text(inventory(devices))
+        stage = _stage(workdir)
+        broker = Broker(workdir, workdir / "inventory.yaml", config).start()
+        users = sorted({s.job.user for s in steps})
+        as_root = os.geteuid() == 0
+        with (workdir / "drivers.log").open("wb") as log:
+            for number, user in enumerate(users):
+                plan = {"jobs": [{"id": s.job.id, "at": compression.real(s.job.submit_s), "gpus": s.job.gpus,
+                                  "hold": compression.real(s.hold_s), "time": compression.real(s.time_limit_s),
+                                  "reservation": s.reservation} for s in steps if s.job.user == user]}
+                drivers.append(_Driver(user, FIRST_UID + number if as_root else None, plan, broker.socket, stage, log))
+        ready_by = time.time() + READY_TIMEOUT_S
+        for driver in drivers:
+            if not driver.ready.wait(max(0.0, ready_by - time.time())):
+                raise ReplayError(f"vaccel: the driver of {driver.user} did not start:\n"
+                                  f"{(workdir / 'drivers.log').read_text()[-2000:]}")
+        start = time.time() + START_MARGIN_S
+        for driver in drivers:
+            driver.start(start)
+        deadline = start + timeout_s
+        try:
+            for driver in drivers:
+                driver.wait(deadline)
+        except subprocess.TimeoutExpired:
+            raise ReplayError(f"{system}: the replay did not end within {timeout_s:.0f} s") from None
+        return _outcomes(steps, drivers, start, compression, system, workdir), {"config": config}
+    finally:
+        for driver in drivers:
+            driver.kill()
+        if broker is not None:
+            broker.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _outcomes(steps: list[Step], drivers: list[_Driver], start: float, compression: Compression,
+              system: str, workdir: Path) -> list[Outcome]:
+    by_id = {s.job.id: s.job for s in steps}
+    records = {r["id"]: r for d in drivers for r in d.records}
+    errors = [f"job {i}: {r['error']}" for i, r in records.items() if "error" in r]
+    missing = sorted(set(by_id) - set(records))
+    if errors or missing:
+        detail = "; ".join(errors[:5]) or f"no record of jobs {missing[:10]}"
+        raise ReplayError(f"{system}: {len(errors) + len(missing)} job(s) failed: {detail}\n"
+                          f"{(workdir / 'drivers.log').read_text()[-2000:]}")
+    out = []
+    for job_id, r in sorted(records.items()):
+        job = by_id[job_id]
+        out.append(Outcome(job_id, job.user, job.gpus, job.submit_s, compression.lab(r["granted"] - start),
+                           compression.lab(r["ended"] - start)))
+    return out

@@ -1,0 +1,80 @@
+"""One lab user's jobs against a vaccel broker: a process of its own, run as that user's
+uid (the broker knows people by the kernel's word), each job a thread with its own
+LeaseSession, as a real client holds a lease.
+
+    python -m bench.lab.user_driver SOCKET < plan
+
+stdin: one JSON line {"jobs": [{"id", "at", "gpus", "hold", "time", "reservation"}]}
+(real seconds after the replay's start: `at` when to ask, `hold` how long to hold, `time`
+the time limit to give, 0 for none), then, once this process has printed "ready", a line
+with the replay's start as Unix time. stdout: one JSON line per job as it ends:
+{"id", "asked", "granted", "ended"} (Unix times) or {"id", "error"}.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from typing import Any
+
+from vaccel.lease_types import Lease, LeaseError
+from vaccel.session import LeaseRequest, LeaseSession
+
+_print_lock = threading.Lock()
+
+
+def _say(record: dict[str, Any]) -> None:
+    with _print_lock:
+        print(json.dumps(record), flush=True)
+
+
+def _sleep_until(moment: float) -> None:
+    while (left := moment - time.time()) > 0:
+        time.sleep(left)
+
+
+def run_job(socket: str, start: float, job: dict[str, Any]) -> None:
+    """Ask at the job's time, hold for its hold (or until the broker ends the lease at its
+    time limit), give it back; report the moments."""
+    _sleep_until(start + job["at"])
+    lost = threading.Event()
+
+    def on_lost(_lease: Lease, _reason: str) -> None:
+        lost.set()
+
+    session = LeaseSession(socket, on_lost=on_lost, on_ending=lambda _ending: None, say=lambda _line: None)
+    try:
+        asked = time.time()
+        request = LeaseRequest(gpus=job["gpus"], time=job["time"] or None, reservation=job["reservation"],
+                               command=f"lab job {job['id']}")
+        session.acquire(request)
+        granted = time.time()
+        if not job["reservation"]:  # a reservation is the user's: it needs no heartbeat
+            session.start_heartbeat()
+        lost.wait(max(0.0, granted + job["hold"] - time.time()))
+        ended = time.time()  # before the release: the next grant may come before its reply
+        session.release()
+        _say({"id": job["id"], "asked": asked, "granted": granted, "ended": ended})
+    except LeaseError as exc:
+        _say({"id": job["id"], "error": str(exc)})
+    finally:
+        session.close()
+
+
+def main() -> int:
+    socket = sys.argv[1]
+    plan = json.loads(sys.stdin.readline())
+    _say({"ready": True})
+    start = float(sys.stdin.readline())
+    threads = [threading.Thread(target=run_job, args=(socket, start, job), daemon=True) for job in plan["jobs"]]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
