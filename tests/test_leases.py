@@ -218,3 +218,20 @@ def test_release_records_history_and_last_used():
     m.release(a.id, ALICE.uid)
     assert m.get(a.id).state == RELEASED
     assert m.holdings.last_used["GPU-0"] == clock.now
+
+
+def test_a_holder_that_exits_after_being_told_of_an_announced_end_ends_as_announced():
+    """A revoke with grace or a share over its budget is announced with its end; the holder
+    that stops on the notice (its client's clock a moment ahead of the broker's timer, or
+    acting on an end the broker moved since) ends the lease as announced, not as a plain
+    exit; an idle reclaim announced ends so only once its time is reached."""
+    from brokerd.leasing.model import IDLE, OVER_BUDGET
+
+    for state in (REVOKED, OVER_BUDGET, IDLE):
+        m, clock = manager(1)
+        lease = m.submit(ALICE, Requirement(1), wait=False)
+        m.end_early(lease.id, clock.now + 30, state, f"ends: {state}")
+        clock.now += 29.5  # its holder stops a moment before the broker's end
+        (ended,), _ = m.process_exited(ALICE.process)
+        assert (ended.state, ended.end_reason) == ((state, f"ends: {state}") if state != IDLE
+                                                   else (HOLDER_EXITED, "holder pid 500 exited"))

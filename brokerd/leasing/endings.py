@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from brokerd.base.process import ProcessId
-from brokerd.leasing.model import EXPIRED, HOLDER_EXITED, REVOKED, TIME_LIMIT, Lease
+from brokerd.leasing.model import EXPIRED, HOLDER_EXITED, OVER_BUDGET, REVOKED, TIME_LIMIT, Lease
 from vaccel_common.units import format_duration
 
 
@@ -57,9 +57,11 @@ def held_by(lease: Lease, process: ProcessId) -> bool:
 
 def on_exit(lease: Lease, process: ProcessId, now: float, max_duration_s: float) -> tuple[str, str]:
     """How a lease ends when its holder exits: at or after its end (the holder stopped
-    because its time was up) or after being told of a revoke, as that end; else as
-    holder_exited."""
-    if (lease.expires_at and now >= lease.expires_at) or lease.ending_state == REVOKED:
+    because its time was up) or after being told of a revoke or of its share going over
+    its budget (its client may stop on the notice a moment before the broker's timer, or
+    on an end the broker has moved since), as that end; else as holder_exited. (An idle
+    reclaim's holder that exits first simply finished.)"""
+    if (lease.expires_at and now >= lease.expires_at) or lease.ending_state in (REVOKED, OVER_BUDGET):
         return at_its_end(lease, max_duration_s)
     if lease.container is not None and lease.container.init == process:
         return HOLDER_EXITED, f"container {lease.container.name or lease.container.id[:12]} exited"
