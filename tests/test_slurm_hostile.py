@@ -141,20 +141,23 @@ def test_a_requests_mark_on_another_job_is_never_taken_for_it(slurm, delegate, s
     """Item 1's neighbours: the mark is in salloc's argv for anyone to read. On another
     user's job it is ignored (the owner must be the requester); on another job of the
     requester's own, the request is refused and every job carrying its mark is cancelled."""
-    filler = _sbatch(slurm, "vaccel-carol", 4, "sleep 5")
+    # The filler keeps alice's salloc pending until the attack has read its mark (a filler
+    # that ended on its own could let salloc finish first on a loaded machine).
+    filler = _sbatch(slurm, "vaccel-carol", 4, "sleep 120")
     _seen(delegate, filler)
     alice = _run_as(delegate, staged, "vaccel-alice", "run", "--", "sh", "-c", HOLD_AND_PRINT, popen=True)
     try:
         mark = _said(_attack(attacker, "vaccel-alice", "mark"))["comment"]
         assert mark
         decoy = _sbatch_as(slurm, "vaccel-carol", "--hold", "--gres=gpu:1", f"--comment={mark}")
+        slurm.run("scancel", str(filler))
         alice_lease, _ = alice.stdout.readline().split()
         alice_job = _slurm_job_of(delegate, alice_lease)
         assert alice_job != decoy and _owner(slurm, alice_job) == "vaccel-alice"
         assert _job_state(slurm, decoy) == "PENDING"  # carol's job is carol's business
     finally:
         _stop(alice)
-    filler = _sbatch(slurm, "vaccel-carol", 4, "sleep 5")
+    filler = _sbatch(slurm, "vaccel-carol", 4, "sleep 120")
     _seen(delegate, filler)
     alice = _run_as(delegate, staged, "vaccel-alice", "run", "--", "true", popen=True)
     try:
@@ -168,6 +171,7 @@ def test_a_requests_mark_on_another_job_is_never_taken_for_it(slurm, delegate, s
                    if comment == mark), marked
     finally:
         _stop(alice)
+        slurm.run("scancel", str(filler))
 
 
 def test_a_job_name_that_reads_like_another_users_running_job_is_only_a_name(slurm, delegate, staged):  # noqa: F811
