@@ -16,12 +16,25 @@ connection, so a refusal (a code other than 0) is the one gRPC would give, word 
 word, and the client raises it as gRPC's. A client that hears UNIMPLEMENTED, or no
 answer at all (a daemon that predates this closes after the token line; a connection
 past the daemon's bounds is not read), makes the same call over gRPC.
+
+Views: a few methods answer with what the CLI prints instead of a message, so that a
+`vaccel status` needs neither protobuf nor the renderer (vaccel/entry.py). A view runs
+the servicer method it names in VIEWS (same token, same privacy rules, same bounds) and
+renders its reply with the CLI's own code (vaccel_common/status_text.py, status_json.py;
+brokerd/edge/status_views.py). A view's request is that method's request message; its
+reply is UTF-8 text whose first line lists the clocks to show in the viewer's time zone:
+"<offset> <unix time>" pairs, space-separated (`marked_text`, `local_text`).
 """
 
 from __future__ import annotations
 
+import time
+
+# Views: the rendered reply of the method each names.
+VIEWS = {"StatusText": "Status", "StatusJson": "Status"}
 # Unary calls a short-lived client makes; each is answered at once.
-METHODS = frozenset({"TryAcquire", "Release", "Status"})
+METHODS = frozenset({"TryAcquire", "Release", "Status", *VIEWS})
+CLOCK_WIDTH = 5  # a marked clock is "HH:MM"
 # A bigger request (a large contract file) takes the gRPC path: this bounds what one
 # waiting connection can make the daemon hold.
 MAX_REQUEST_BYTES = 64 << 10
@@ -58,3 +71,25 @@ def parse_reply_header(line: bytes) -> tuple[int, int] | None:
     if len(parts) != 2 or not all(part.isdigit() for part in parts):
         return None
     return int(parts[0]), int(parts[1])
+
+
+def marked_text(text: str, clocks: list[tuple[int, float]]) -> bytes:
+    """A view's reply: `text` with the (offset, unix time) of each HH:MM in it."""
+    return " ".join(f"{offset} {ts!r}" for offset, ts in clocks).encode() + b"\n" + text.encode()
+
+
+def local_text(payload: bytes) -> str:
+    """A view's reply as this process shows it: each marked HH:MM rewritten in its own time
+    zone (the broker wrote its own). Raises ValueError for a reply that is not a view's."""
+    head, _, body = payload.partition(b"\n")
+    text = body.decode()
+    numbers = head.split()
+    if len(numbers) % 2:
+        raise ValueError("a view's clocks come in pairs")
+    for i in range(0, len(numbers), 2):
+        offset, ts = int(numbers[i]), float(numbers[i + 1])
+        if not 0 <= offset <= len(text) - CLOCK_WIDTH or text[offset + 2] != ":":
+            raise ValueError("a view's clock is not where it says")
+        clock = time.localtime(ts)
+        text = f"{text[:offset]}{clock.tm_hour:02d}:{clock.tm_min:02d}{text[offset + CLOCK_WIDTH:]}"
+    return text

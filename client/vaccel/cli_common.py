@@ -4,7 +4,6 @@ and how text, tables, sizes, durations, devices and signals are read and shown."
 from __future__ import annotations
 
 import argparse
-import time
 from typing import Any
 
 from vaccel.connection import BrokerConnection, BrokerUnavailable
@@ -12,7 +11,7 @@ from vaccel.grpc_lazy import grpc
 from vaccel.lease_types import LeaseError
 from vaccel_common import status_json as status_shape
 from vaccel_common.text import printable
-from vaccel_common.units import format_duration, parse_duration, parse_size_mib, parse_time_limit
+from vaccel_common.units import parse_duration, parse_size_mib, parse_time_limit
 
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
@@ -51,25 +50,10 @@ def to_dict(msg: Any) -> dict[str, Any]:
     return status_shape.message_dict(msg)
 
 
-def since(ts: float) -> str:
-    if not ts:
-        return "-"
-    age = time.time() - ts
-    return f"{time.strftime('%H:%M', time.localtime(ts))} ({format_duration(age)} ago)"
-
-
 def shown(text: str) -> str:
     """Text for a terminal: commands and names come from other users' processes exactly
     as they set them (--json keeps them so); here nothing unprintable gets through."""
     return "\n".join(printable(line) for line in text.split("\n"))
-
-
-def table(rows: list[list[str]], header: list[str]) -> str:
-    rows = [[printable(str(c)) for c in r] for r in rows]
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-             for r in [header, *rows]]
-    return "\n".join(lines)
 
 
 def size_arg(text: str | None) -> int:

@@ -1,17 +1,69 @@
 """`vaccel status` as text: the devices table, the queue with each waiter's reason, the
 users held back by a limit, and GPU processes without a lease. (`--json` is the shared
-shape in vaccel_common/status_json.py.)"""
+shape in vaccel_common/status_json.py.)
+
+Shared so that the full CLI and the broker render it alike: the broker answers a plain
+`vaccel status` ready-made (vaccel/entry.py, brokerd/edge/status_views.py). One thing in
+the text is the viewer's, not the broker's: the clock time a lease began (HH:MM in the
+viewer's time zone). The broker renders it in its own zone and says where each one is
+(`clock_marks`); the client rewrites those five characters in its own
+(vaccel_common/side_call.py local_text): always the same width, so no column moves.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from vaccel.cli_common import since, table
+from vaccel_common.text import printable
 from vaccel_common.units import format_duration, format_mib
-from vaccel_common.v1 import broker_pb2 as pb
+
+if TYPE_CHECKING:
+    from vaccel_common.v1 import broker_pb2 as pb
+
+COLUMNS = ["GPU", "NAME", "MEMORY", "ARCH", "STATE", "HOLDER", "SINCE", "LEASE"]
+_SINCE_COLUMN = COLUMNS.index("SINCE")
+
+
+def since(ts: float, clock: Callable[[float], time.struct_time] = time.localtime) -> str:
+    if not ts:
+        return "-"
+    age = time.time() - ts
+    return f"{time.strftime('%H:%M', clock(ts))} ({format_duration(age)} ago)"
+
+
+def table_lines(rows: list[list[str]], header: list[str]) -> tuple[list[str], list[int]]:
+    """The table's lines, and where each column starts in a line."""
+    rows = [[printable(str(c)) for c in r] for r in rows]
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+             for r in [header, *rows]]
+    starts = [sum(widths[:i]) + 2 * i for i in range(len(header))]
+    return lines, starts
+
+
+def table(rows: list[list[str]], header: list[str]) -> str:
+    return "\n".join(table_lines(rows, header)[0])
 
 
 def render_status(reply: pb.StatusReply) -> str:
+    """The text the full CLI prints, in this process's time zone."""
+    return "\n".join(_status_lines(reply)[0])
+
+
+def clock_marks(reply: pb.StatusReply) -> tuple[str, list[tuple[int, float]]]:
+    """The text, and for each HH:MM in it: (its offset in the text, the time it shows)."""
+    lines, marks = _status_lines(reply)
+    line_starts = [0]
+    for line in lines:
+        line_starts.append(line_starts[-1] + len(line) + 1)
+    return "\n".join(lines), [(line_starts[line] + column, ts) for line, column, ts in marks]
+
+
+def _status_lines(reply: pb.StatusReply) -> tuple[list[str], list[tuple[int, int, float]]]:
+    """The text's lines, each safe for a terminal (vaccel_common/text.py), and the
+    (line, column, time) of each lease's start clock."""
     out = [f"host {reply.hostname}{' (simulated devices)' if reply.simulated else ''}"]
     if reply.enforcement == "acl":
         gated = sum(d.gated for d in reply.devices)
@@ -36,7 +88,11 @@ def render_status(reply: pb.StatusReply) -> str:
             state = f"{state} (NOT GATED: {d.gate_reason})"
         rows.append([f"gpu{d.index}", d.name, format_mib(d.memory_mib), d.arch, state, holder,
                      since(d.since) if d.lease_id else "", d.lease_id])
-    out.append(table(rows, ["GPU", "NAME", "MEMORY", "ARCH", "STATE", "HOLDER", "SINCE", "LEASE"]))
+    lines, starts = table_lines(rows, COLUMNS)
+    first_row = sum(part.count("\n") + 1 for part in out) + 1  # the line after the table's header
+    marks = [(first_row + i, starts[_SINCE_COLUMN], d.since)
+             for i, d in enumerate(reply.devices) if d.lease_id and d.since]
+    out.extend(lines)
     if reply.queue:
         out.append("")
         out.append(f"queue ({len(reply.queue)} waiting):")
@@ -68,4 +124,5 @@ def render_status(reply: pb.StatusReply) -> str:
         for p in reply.unleased_processes:
             out.append(f"gpu{index.get(p.device_uuid, '?')}: IN USE WITHOUT LEASE by {p.user or p.uid}: "
                        f"pid {p.pid} {p.command}, {format_mib(p.used_memory_mib)}")
-    return "\n".join(out)
+    # As the CLI shows every text (vaccel/cli_common.py shown()): line by line, nothing unprintable.
+    return [printable(line) for part in out for line in part.split("\n")], marks

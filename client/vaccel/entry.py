@@ -1,0 +1,135 @@
+"""The `vaccel` command's entry point: `vaccel status` answered ready-made, everything else
+by the full CLI (vaccel/cli.py).
+
+`python -c pass` takes ~10 ms on a 2-core machine; importing argparse, protobuf and the
+renderer took a `vaccel status` to ~40 ms. Here it costs what the interpreter costs plus
+one connection: the broker renders the text (or the JSON) for this caller with the CLI's
+own code (a view on the identity socket: vaccel_common/side_call.py), and this module
+prints it. So every import here is one the answer cannot do without:
+  - vaccel_common.paths: where the broker is (the one rule every client follows);
+  - vaccel_common.side_call: the identity socket's framing and the view's clocks;
+  - _socket: the socket itself (`socket` would bring enum, ~5 ms, for nothing used here).
+Not even typing: annotations here are the builtins'.
+
+Only the forms this module reads exactly are answered here: `status` and `status --json`,
+with `--socket PATH` or `--socket=PATH` before or after the command. Anything else (help,
+an abbreviated option, a typo), and anything unusual on the way (no broker, an older
+broker without views, a refusal, a reply that does not parse, a character the terminal's
+encoding cannot print), goes to the full CLI, which asks again and says what it says.
+The status is read-only, so asking twice changes nothing.
+"""
+
+import os
+import sys
+
+_VIEWS = {False: "StatusText", True: "StatusJson"}
+_TIMEOUT_S = 10.0  # past this the full CLI (with its retries and its messages) takes over
+
+
+def main() -> None:
+    """Run the command and end the process."""
+    asked = status_asked(sys.argv[1:])
+    if asked is not None:
+        text = ready_made(*asked)
+        if text is not None:
+            os._exit(_print(text))
+    from vaccel.cli import main as full_cli
+
+    full_cli()  # ends the process
+
+
+def status_asked(words: list[str]) -> tuple[str | None, bool] | None:
+    """(--socket, --json) of a `vaccel status` this module answers, None for any other command line."""
+    socket_path: str | None = None
+    command_seen = as_json = False
+    rest = iter(words)
+    for word in rest:
+        if word == "--socket":
+            socket_path = next(rest, None)
+            if socket_path is None or socket_path.startswith("-"):
+                return None  # argparse's error (or its reading of the value) is the full CLI's
+        elif word.startswith("--socket="):
+            socket_path = word[len("--socket="):]
+        elif word == "status" and not command_seen:
+            command_seen = True
+        elif word == "--json" and command_seen and not as_json:
+            as_json = True
+        else:
+            return None
+    return (socket_path, as_json) if command_seen else None
+
+
+def ready_made(socket_arg: str | None, as_json: bool) -> str | None:
+    """The broker's rendering of this caller's status, or None for the full CLI to ask."""
+    from vaccel_common.paths import client_socket, identity_socket
+
+    path = client_socket(socket_arg)
+    if not _folder_is_safe(path):
+        return None
+    try:
+        payload = _ask(identity_socket(path), _VIEWS[as_json])
+        from vaccel_common.side_call import local_text
+
+        return None if payload is None else local_text(payload)
+    except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
+        return None
+
+
+def _folder_is_safe(path: str) -> bool:
+    """/tmp/vaccel-$UID is a fixed name in a shared folder: a broker there is talked to only
+    when the folder is ours (the full CLI refuses it with a message: vaccel/connection.py)."""
+    folder = os.path.dirname(os.path.normpath(path))
+    if folder != f"/tmp/vaccel-{os.getuid()}":
+        return True
+    try:
+        return os.stat(folder).st_uid == os.getuid()
+    except FileNotFoundError:
+        return True  # nothing there: the connection fails, the full CLI says so
+
+
+def _ask(identity_path: str, view: str) -> bytes | None:
+    """The view's reply over the identity socket, None when it did not come (a refusal, an
+    older broker, a connection past the broker's bounds: each closes without one)."""
+    import _socket
+
+    from vaccel_common.side_call import MAX_HEADER_BYTES, parse_reply_header, request_header
+
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        sock.settimeout(_TIMEOUT_S)
+        sock.connect(identity_path)
+        sock.sendall(request_header(view, 0))  # the request: an empty StatusRequest
+        chunks = []
+        while chunk := sock.recv(1 << 16):  # the broker closes after its reply
+            chunks.append(chunk)
+    finally:
+        sock.close()
+    token_line, _, rest = b"".join(chunks).partition(b"\n")
+    header_line, _, payload = rest.partition(b"\n")
+    header = parse_reply_header(header_line) if len(header_line) < MAX_HEADER_BYTES else None
+    if not token_line.startswith(b'{"token"') or header is None:
+        return None
+    code, length = header
+    return payload if code == 0 and len(payload) == length else None
+
+
+def _print(text: str) -> int:
+    """Write the answer as the full CLI's print() would and return the exit status (its
+    _exit_now's rules: a reader that left is fine, a failed write is not)."""
+    try:
+        sys.stdout.write(text + "\n")
+    except UnicodeEncodeError:  # nothing written yet: let the full CLI fail as it fails
+        from vaccel.cli import main as full_cli
+
+        full_cli()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:  # `vaccel status | head`
+        pass
+    except (OSError, ValueError):
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    main()
