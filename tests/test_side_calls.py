@@ -154,7 +154,7 @@ def test_a_broker_that_predates_side_calls_is_asked_over_grpc(broker: Broker, tm
 def test_the_side_methods_are_unary_methods_the_client_knows_the_replies_of():
     from vaccel import connection
 
-    from brokerd.edge.status_views import RENDERERS
+    from brokerd.edge.views import RENDERERS
 
     # A view answers with text (vaccel/entry.py reads it): the client library never asks for one.
     assert set(connection._SIDE_REPLIES) == METHODS - set(VIEWS)

@@ -1,5 +1,5 @@
 """`vaccel status` answered ready-made (issue 36, part 3): the broker renders the text and
-the JSON for its caller (brokerd/edge/status_views.py), the entry point (vaccel/entry.py)
+the JSON for its caller (brokerd/edge/views.py), the entry point (vaccel/entry.py)
 prints them without importing argparse, protobuf or grpc, and the full CLI answers
 everything else. What the user sees must not depend on which path answered: each test
 runs both and compares bytes, as root, as another real Unix user, with the client in

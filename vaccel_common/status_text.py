@@ -3,7 +3,7 @@ users held back by a limit, and GPU processes without a lease. (`--json` is the 
 shape in vaccel_common/status_json.py.)
 
 Shared so that the full CLI and the broker render it alike: the broker answers a plain
-`vaccel status` ready-made (vaccel/entry.py, brokerd/edge/status_views.py). One thing in
+`vaccel status` ready-made (vaccel/entry.py, brokerd/edge/views.py). One thing in
 the text is the viewer's, not the broker's: the clock time a lease began (HH:MM in the
 viewer's time zone). The broker renders it in its own zone and says where each one is
 (`clock_marks`); the client rewrites those five characters in its own

@@ -19,7 +19,7 @@ from typing import Any
 
 import grpc
 
-from brokerd.edge.status_views import RENDERERS
+from brokerd.edge.views import RENDERERS
 from vaccel_common.auth import TOKEN_METADATA_KEY
 from vaccel_common.side_call import (
     MAX_HEADER_BYTES,
@@ -63,7 +63,7 @@ class SideCalls:
     """Serves METHODS with the guarded handlers the gRPC server has (brokerd/edge/rpc_limits.py)."""
 
     def __init__(self, handlers: Mapping[str, grpc.RpcMethodHandler]) -> None:
-        # A view (brokerd/edge/status_views.py) is the method it renders, guarded alike.
+        # A view (brokerd/edge/views.py) is the method it renders, guarded alike.
         self._handlers = {name: handlers[VIEWS.get(name, name)] for name in METHODS}
         self._open: Counter[int] = Counter()
 

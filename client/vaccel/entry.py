@@ -1,5 +1,5 @@
-"""The `vaccel` command's entry point: `vaccel status` answered ready-made, everything else
-by the full CLI (vaccel/cli.py).
+"""The `vaccel` command's entry point: `vaccel status` answered ready-made, a plain
+`vaccel run` by vaccel/quick_run.py, everything else by the full CLI (vaccel/cli.py).
 
 `python -c pass` takes ~10 ms on a 2-core machine; importing argparse, protobuf and the
 renderer took a `vaccel status` to ~40 ms. Here it costs what the interpreter costs plus
@@ -28,11 +28,21 @@ _TIMEOUT_S = 10.0  # past this the full CLI (with its retries and its messages) 
 
 def main() -> None:
     """Run the command and end the process."""
-    asked = status_asked(sys.argv[1:])
-    if asked is not None:
-        text = ready_made(*asked)
-        if text is not None:
-            os._exit(_print(text))
+    words = sys.argv[1:]
+    try:
+        asked = status_asked(words)
+        if asked is not None:
+            text = ready_made(*asked)
+            if text is not None:
+                os._exit(_print(text))
+        elif "run" in words:
+            from vaccel import quick_run
+
+            code = quick_run.run(words)
+            if code is not None:
+                os._exit(_flushed(code))
+    except KeyboardInterrupt:  # Ctrl-C before anything was asked or granted: as the full CLI exits
+        os._exit(130)
     from vaccel.cli import main as full_cli
 
     full_cli()  # ends the process
@@ -64,18 +74,18 @@ def ready_made(socket_arg: str | None, as_json: bool) -> str | None:
     from vaccel_common.paths import client_socket, identity_socket
 
     path = client_socket(socket_arg)
-    if not _folder_is_safe(path):
+    if not folder_is_safe(path):
         return None
     try:
-        payload = _ask(identity_socket(path), _VIEWS[as_json])
+        answer = ask(identity_socket(path), _VIEWS[as_json], b"")  # the request: an empty StatusRequest
         from vaccel_common.side_call import local_text
 
-        return None if payload is None else local_text(payload)
+        return local_text(answer[1]) if answer is not None and answer[0] == 0 else None
     except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
         return None
 
 
-def _folder_is_safe(path: str) -> bool:
+def folder_is_safe(path: str) -> bool:
     """/tmp/vaccel-$UID is a fixed name in a shared folder: a broker there is talked to only
     when the folder is ours (the full CLI refuses it with a message: vaccel/connection.py)."""
     folder = os.path.dirname(os.path.normpath(path))
@@ -87,9 +97,11 @@ def _folder_is_safe(path: str) -> bool:
         return True  # nothing there: the connection fails, the full CLI says so
 
 
-def _ask(identity_path: str, view: str) -> bytes | None:
-    """The view's reply over the identity socket, None when it did not come (a refusal, an
-    older broker, a connection past the broker's bounds: each closes without one)."""
+def ask(identity_path: str, method: str, request: bytes) -> tuple[int, bytes] | None:
+    """(code, reply) of one call over the identity socket (vaccel_common/side_call.py): the
+    reply when the code is 0, else the refusal's words. None when no answer came (an older
+    broker, a connection past the broker's bounds: each closes without one). Raises
+    OSError when the socket cannot be reached."""
     import _socket
 
     from vaccel_common.side_call import MAX_HEADER_BYTES, parse_reply_header, request_header
@@ -98,7 +110,7 @@ def _ask(identity_path: str, view: str) -> bytes | None:
     try:
         sock.settimeout(_TIMEOUT_S)
         sock.connect(identity_path)
-        sock.sendall(request_header(view, 0))  # the request: an empty StatusRequest
+        sock.sendall(request_header(method, len(request)) + request)
         chunks = []
         while chunk := sock.recv(1 << 16):  # the broker closes after its reply
             chunks.append(chunk)
@@ -107,28 +119,36 @@ def _ask(identity_path: str, view: str) -> bytes | None:
     token_line, _, rest = b"".join(chunks).partition(b"\n")
     header_line, _, payload = rest.partition(b"\n")
     header = parse_reply_header(header_line) if len(header_line) < MAX_HEADER_BYTES else None
-    if not token_line.startswith(b'{"token"') or header is None:
+    if not token_line.startswith(b'{"token"') or header is None or header[1] != len(payload):
         return None
-    code, length = header
-    return payload if code == 0 and len(payload) == length else None
+    return header[0], payload
 
 
 def _print(text: str) -> int:
-    """Write the answer as the full CLI's print() would and return the exit status (its
-    _exit_now's rules: a reader that left is fine, a failed write is not)."""
+    """Write the answer as the full CLI's print() would; the exit status."""
     try:
         sys.stdout.write(text + "\n")
     except UnicodeEncodeError:  # nothing written yet: let the full CLI fail as it fails
         from vaccel.cli import main as full_cli
 
         full_cli()
+    return _flushed(0)
+
+
+def _flushed(code: int) -> int:
+    """`code`, once stdout and stderr are out (vaccel/cli.py _exit_now's rules: a reader
+    that left is fine, a failed write is not)."""
     try:
         sys.stdout.flush()
     except BrokenPipeError:  # `vaccel status | head`
         pass
     except (OSError, ValueError):
-        return 1
-    return 0
+        code = code or 1
+    try:
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    return code
 
 
 if __name__ == "__main__":
