@@ -31,8 +31,8 @@ FULL = [sys.executable, "-m", "vaccel.cli"]
 # broker rendered in its own zone shows at once.
 CLIENT_TZ = "Asia/Kolkata"
 # What a ready-made status may import beyond the interpreter's own start (vaccel/entry.py's docstring).
-JUSTIFIED = {"vaccel", "vaccel.entry", "vaccel_common", "vaccel_common.paths", "vaccel_common.side_call", "_socket",
-             "__future__"}
+JUSTIFIED = {"vaccel", "vaccel.entry", "vaccel.identity_calls", "vaccel_common", "vaccel_common.paths",
+             "vaccel_common.side_call", "_socket", "__future__"}
 
 
 def both(argv: list[str], env: dict[str, str], user: str | None = None) -> tuple[tuple, tuple]:

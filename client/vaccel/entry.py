@@ -7,7 +7,8 @@ one connection: the broker renders the text (or the JSON) for this caller with t
 own code (a view on the identity socket: vaccel_common/side_call.py), and this module
 prints it. So every import here is one the answer cannot do without:
   - vaccel_common.paths: where the broker is (the one rule every client follows);
-  - vaccel_common.side_call: the identity socket's framing and the view's clocks;
+  - vaccel.identity_calls, vaccel_common.side_call: one call on the identity socket, the
+    view's clocks;
   - _socket: the socket itself (`socket` would bring enum, ~5 ms, for nothing used here).
 Not even typing: annotations here are the builtins'.
 
@@ -23,7 +24,6 @@ import os
 import sys
 
 _VIEWS = {False: "StatusText", True: "StatusJson"}
-_TIMEOUT_S = 10.0  # past this the full CLI (with its retries and its messages) takes over
 
 
 def main() -> None:
@@ -71,6 +71,7 @@ def status_asked(words: list[str]) -> tuple[str | None, bool] | None:
 
 def ready_made(socket_arg: str | None, as_json: bool) -> str | None:
     """The broker's rendering of this caller's status, or None for the full CLI to ask."""
+    from vaccel.identity_calls import ask, folder_is_safe
     from vaccel_common.paths import client_socket, identity_socket
 
     path = client_socket(socket_arg)
@@ -83,45 +84,6 @@ def ready_made(socket_arg: str | None, as_json: bool) -> str | None:
         return local_text(answer[1]) if answer is not None and answer[0] == 0 else None
     except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
         return None
-
-
-def folder_is_safe(path: str) -> bool:
-    """/tmp/vaccel-$UID is a fixed name in a shared folder: a broker there is talked to only
-    when the folder is ours (the full CLI refuses it with a message: vaccel/connection.py)."""
-    folder = os.path.dirname(os.path.normpath(path))
-    if folder != f"/tmp/vaccel-{os.getuid()}":
-        return True
-    try:
-        return os.stat(folder).st_uid == os.getuid()
-    except FileNotFoundError:
-        return True  # nothing there: the connection fails, the full CLI says so
-
-
-def ask(identity_path: str, method: str, request: bytes) -> tuple[int, bytes] | None:
-    """(code, reply) of one call over the identity socket (vaccel_common/side_call.py): the
-    reply when the code is 0, else the refusal's words. None when no answer came (an older
-    broker, a connection past the broker's bounds: each closes without one). Raises
-    OSError when the socket cannot be reached."""
-    import _socket
-
-    from vaccel_common.side_call import MAX_HEADER_BYTES, parse_reply_header, request_header
-
-    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-    try:
-        sock.settimeout(_TIMEOUT_S)
-        sock.connect(identity_path)
-        sock.sendall(request_header(method, len(request)) + request)
-        chunks = []
-        while chunk := sock.recv(1 << 16):  # the broker closes after its reply
-            chunks.append(chunk)
-    finally:
-        sock.close()
-    token_line, _, rest = b"".join(chunks).partition(b"\n")
-    header_line, _, payload = rest.partition(b"\n")
-    header = parse_reply_header(header_line) if len(header_line) < MAX_HEADER_BYTES else None
-    if not token_line.startswith(b'{"token"') or header is None or header[1] != len(payload):
-        return None
-    return header[0], payload
 
 
 def _print(text: str) -> int:

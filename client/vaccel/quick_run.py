@@ -25,13 +25,17 @@ Anything else goes to the full CLI, before anything is asked: another option, a 
 file in the working directory, a container engine, a command that is not found, inside a
 lease or a Slurm job, a login node in submit mode (vaccel/slurm_submit.py), no answer or a
 refusal from the broker (the full CLI asks again and says it), a request that must wait.
-Imports: _signal (signal would bring enum, ~5 ms), ctypes (prctl; the runner's too), and
-vaccel/entry.py's.
+Imports: _signal (signal would bring enum, ~5 ms), ctypes (prctl: the runner's too), the
+identity socket's call (vaccel/identity_calls.py, vaccel_common/side_call.py, as
+vaccel/entry.py), the command's lookup (vaccel/command_path.py) and its process
+(vaccel/forked.py).
 """
 
 import _signal
 import os
 import sys
+
+from vaccel.forked import Forked
 
 FORWARDED = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT, _signal.SIGUSR1, _signal.SIGUSR2)
 _JOB_CONTROL = (_signal.SIGTSTP, _signal.SIGCONT)
@@ -44,26 +48,6 @@ QUICK_S = 0.2
 ENGINE_PROGRAMS = ("docker", "podman", "podman-remote")
 CONTRACT_FILES = ("runtime-spec.yaml", "accelerator-config.yaml")
 _ALREADY_ENDED = (5, 9)  # NOT_FOUND, FAILED_PRECONDITION: a release with nothing to give back
-
-
-class Forked:
-    """The command's process, as the runner watches it (subprocess.Popen's poll, send_signal,
-    pid and returncode: negative for a signal)."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
-            os.kill(self.pid, sig)
 
 
 def run_asked(words: list[str]) -> tuple[str | None, bool, int, list[str]] | None:
@@ -107,7 +91,7 @@ def run(words: list[str]) -> int | None:
     if asked is None:
         return None
     socket_arg, quiet, gpus, command = asked
-    from vaccel.entry import ask, folder_is_safe
+    from vaccel.identity_calls import ask, folder_is_safe
     from vaccel_common.paths import client_socket, identity_socket
 
     path = client_socket(socket_arg)
@@ -256,7 +240,7 @@ def _ends_quickly(child: Forked, quick_s: float) -> bool:
 def _release(path: str, lease_id: str, granted: bytes, socket_arg: str | None, quiet: bool) -> None:
     """Give the lease back and say so as LeaseSession.release and the runner do; when the
     identity socket does not answer, their own release (with its retries) does it."""
-    from vaccel.entry import ask
+    from vaccel.identity_calls import ask
     from vaccel_common.paths import identity_socket
     from vaccel_common.side_call import release_request
 
@@ -265,14 +249,13 @@ def _release(path: str, lease_id: str, granted: bytes, socket_arg: str | None, q
     except OSError:
         answer = None
     if answer is None:
-        from vaccel.runner import _say
         from vaccel.session import LeaseSession
         from vaccel_common.v1 import broker_pb2 as pb
 
-        with LeaseSession(socket_arg, say=lambda m: _say(False, m)) as session:
+        with LeaseSession(socket_arg, say=lambda m: print(f"vaccel: {m}", file=sys.stderr, flush=True)) as session:
             session.adopt(pb.AcquireUpdate.FromString(granted).granted, joined=False)
-            if session.release():
-                _say(quiet, f"lease {lease_id} released")
+            if session.release() and not quiet:
+                print(f"vaccel: lease {lease_id} released", file=sys.stderr, flush=True)
     elif answer[0] == 0:
         if not quiet:
             print(f"vaccel: lease {lease_id} released", file=sys.stderr, flush=True)

@@ -56,7 +56,7 @@ from vaccel_common.v1 import broker_pb2 as pb
 
 if TYPE_CHECKING:
     from vaccel.containers import ContainerRun
-    from vaccel.quick_run import Forked
+    from vaccel.forked import Forked
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 _LEAVE_QUEUE = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
