@@ -97,7 +97,7 @@ def run(words: list[str]) -> int | None:
     path = client_socket(socket_arg)
     if not _plain(command) or not folder_is_safe(path):
         return None
-    from vaccel_common.side_call import acquire_request, unpacked
+    from vaccel_common.side_call import acquire_request, release_request, unpacked
 
     _signal.pthread_sigmask(_signal.SIG_BLOCK, WAITED)
     try:
@@ -107,15 +107,17 @@ def run(words: list[str]) -> int | None:
         return None
     if len(fields) != 7 or fields[0] != b"granted":
         return None  # it must wait (nothing was queued), or the broker said no: the full CLI asks again
-    lease_id, granted = fields[1].decode(), fields[3]
-    for line in fields[2].decode().split("\0"):
+    lease_id, granted = fields[1].decode(errors="replace"), fields[3]
+    try:
+        lines, env, quick_s = _grant(fields)
+    except ValueError:  # not what this client reads: give the lease back, let the full CLI ask
+        try:
+            ask(identity_socket(path), "Release", release_request(lease_id))
+        except OSError:
+            pass  # the broker frees it when this process ends
+        return None
+    for line in lines:
         print(f"vaccel: {line}", file=sys.stderr, flush=True)
-    unset = set(fields[5].decode().split("\0"))
-    env = {k: v for k, v in os.environ.items() if k not in unset}  # as the runner's child_env
-    for item in fields[4].decode().split("\0"):
-        name, _, value = item.partition("=")
-        env[name] = value
-    quick_s = min(QUICK_S, float(fields[6]) / 2)
     try:
         child = Forked(_spawn(command, env))
     except OSError as exc:
@@ -130,6 +132,17 @@ def run(words: list[str]) -> int | None:
         code = 128 - code if code < 0 else code
     _release(path, lease_id, granted, socket_arg, quiet)
     return code
+
+
+def _grant(fields: list[bytes]) -> tuple[list[str], dict[str, str], float]:
+    """(the lines to say, the command's environment, how long the quick path lasts) of a
+    RunNow grant; ValueError for a reply this client cannot read."""
+    unset = set(fields[5].decode().split("\0"))
+    env = {k: v for k, v in os.environ.items() if k not in unset}  # as the runner's child_env
+    for item in fields[4].decode().split("\0"):
+        name, _, value = item.partition("=")
+        env[name] = value
+    return fields[2].decode().split("\0"), env, min(QUICK_S, float(fields[6]) / 2)
 
 
 def _plain(command: list[str]) -> bool:
