@@ -73,6 +73,7 @@ fi
 # The same version number may carry other code (a newer commit): replace it, then add what it needs.
 "${pip[@]}" --force-reinstall --no-deps "$wheel"
 "${pip[@]}" "$requirement @ file://$wheel"
+bash "$(dirname "$0")/launcher.sh" "$venv"
 chmod -R a+rX "$venv"
 
 # Every user's `vaccel`; an existing file of another origin is left alone.

@@ -64,6 +64,7 @@ if [ -e /usr/include/sys/acl.h ]; then extras="$extras,enforce"; fi
 pip_install -e ".[$extras]" --config-settings editable_mode=compat
 site_dir=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 echo "$PWD/client" > "$site_dir/__editable__.vaccel-client.pth"
+bash scripts/launcher.sh "$VENV"
 chmod -R a+rX "$VENV"
 # The Node example's packages, exactly as its lock file says, into examples/node/node_modules.
 if command -v npm >/dev/null 2>&1; then

@@ -12,6 +12,8 @@ with what it saw.
                                                 garbage, endless and huge headers; then hold N
                                                 connections open
     python hostile_client.py reports N ROUNDS   N usage reports at once, given up after 2 to 50 ms
+    python hostile_client.py views SECONDS N    N threads asking for the status view without pause,
+                                                as many connections again held open, silent
 """
 
 from __future__ import annotations
@@ -222,6 +224,37 @@ def reports(threads: int, rounds: int) -> dict:
         for t in pool:
             t.join()
     return dict(codes)
+def views(seconds: float, threads: int) -> dict:
+    """The ready-made `vaccel status` (vaccel/entry.py) asked for as fast as one user can, while
+    as many connections sit on the identity socket saying nothing: what do the asks get?"""
+    path = str(identity_socket(BrokerConnection().path))
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4 * threads + 256), hard))
+    held = []
+    for _ in range(threads):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(path)  # the token line comes; no request follows (each takes a slot until it times out)
+        held.append(s)
+    seen: Counter[str] = Counter()
+    stop = time.monotonic() + seconds
+
+    def worker() -> None:
+        while time.monotonic() < stop:
+            try:
+                seen[_side(path, request_header("StatusText", 0))] += 1
+            except OSError as exc:
+                seen[type(exc).__name__] += 1
+
+    pool = [threading.Thread(target=worker) for _ in range(threads)]
+    print(json.dumps({"started": threads}), flush=True)
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    for s in held:
+        s.close()
+    print(json.dumps(dict(seen)), flush=True)
+    return dict(seen)
 
 
 def main() -> None:
@@ -238,6 +271,8 @@ def main() -> None:
         result = side(args[0], int(args[1]))
     elif mode == "reports":
         result = reports(int(args[0]), int(args[1]))
+    elif mode == "views":
+        result = views(float(args[0]), int(args[1]))
     elif mode == "token":
         c = BrokerConnection()
         c.call("Status", pb.StatusRequest())

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from vaccel_common.v1 import broker_pb2 as pb
 
 
 class ContainerFacts(NamedTuple):
@@ -286,3 +289,21 @@ def memory_settings(accelerator_config_yaml: str, backend_name: str) -> tuple[in
         return 0, False
     pool = settings.get("memory_pool_size_mb") or 0
     return int(pool), settings.get("use_unified_memory") is True
+
+
+def granted_env(msg: pb.Lease) -> dict[str, str]:
+    """`lease_env` of a granted lease message: what the client's Lease applies
+    (vaccel/lease_types.py), and what the broker sends a ready-made `vaccel run`
+    (brokerd/edge/views.py), computed once here for both."""
+    pool_mib, unified_memory = memory_settings(msg.accelerator_config_yaml, msg.backend)
+    return lease_env(
+        lease_id=msg.id,
+        backend_name=msg.backend,
+        device_ids=[d.visible_id or d.uuid for d in msg.devices],
+        allocator_config=msg.allocator_config,
+        memory_cap_mib=msg.memory_cap_mib,
+        simulated=msg.simulated,
+        memory_pool_mib=pool_mib,
+        unified_memory=unified_memory,
+        share_mib=msg.share_mib,
+    )

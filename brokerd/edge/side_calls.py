@@ -19,8 +19,16 @@ from typing import Any
 
 import grpc
 
+from brokerd.edge.views import RENDERERS
 from vaccel_common.auth import TOKEN_METADATA_KEY
-from vaccel_common.side_call import MAX_HEADER_BYTES, METHODS, UNIMPLEMENTED, parse_request_header, reply_header
+from vaccel_common.side_call import (
+    MAX_HEADER_BYTES,
+    METHODS,
+    UNIMPLEMENTED,
+    VIEWS,
+    parse_request_header,
+    reply_header,
+)
 
 log = logging.getLogger("vaccel.brokerd")
 
@@ -55,7 +63,8 @@ class SideCalls:
     """Serves METHODS with the guarded handlers the gRPC server has (brokerd/edge/rpc_limits.py)."""
 
     def __init__(self, handlers: Mapping[str, grpc.RpcMethodHandler]) -> None:
-        self._handlers = {name: handlers[name] for name in METHODS}
+        # A view (brokerd/edge/views.py) is the method it renders, guarded alike.
+        self._handlers = {name: handlers[VIEWS.get(name, name)] for name in METHODS}
         self._open: Counter[int] = Counter()
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, uid: int, token: str) -> None:
@@ -83,7 +92,8 @@ class SideCalls:
             return UNIMPLEMENTED, f"{method} is not served here; use gRPC".encode()
         try:
             reply: Any = await handler.unary_unary(raw, _SideContext(token))
-            return 0, handler.response_serializer(reply)
+            render = RENDERERS.get(method, handler.response_serializer)
+            return 0, render(reply)
         except _Aborted as aborted:
             return aborted.code.value[0], aborted.details.encode()
         except Exception:  # as gRPC would: the client hears INTERNAL-ish UNKNOWN, the log has why

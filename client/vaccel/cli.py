@@ -23,7 +23,6 @@ from vaccel.cli_common import (
     gpus_arg,
     refused,
     rpc,
-    shown,
     signal_number,
     size_arg,
     time_arg,
@@ -69,9 +68,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(status_json(reply), indent=2))
         return 0
-    from vaccel.status_text import render_status
+    from vaccel_common.status_text import render_status
 
-    print(shown(render_status(reply)))
+    print(render_status(reply))  # already safe for a terminal, line by line (shown())
     return 0
 
 

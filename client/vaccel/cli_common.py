@@ -4,7 +4,8 @@ and how text, tables, sizes, durations, devices and signals are read and shown."
 from __future__ import annotations
 
 import argparse
-import time
+import sys
+from collections.abc import Callable
 from typing import Any
 
 from vaccel.connection import BrokerConnection, BrokerUnavailable
@@ -12,7 +13,7 @@ from vaccel.grpc_lazy import grpc
 from vaccel.lease_types import LeaseError
 from vaccel_common import status_json as status_shape
 from vaccel_common.text import argv_text, printable
-from vaccel_common.units import format_duration, parse_duration, parse_size_mib, parse_time_limit
+from vaccel_common.units import parse_duration, parse_size_mib, parse_time_limit
 
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
@@ -51,26 +52,10 @@ def to_dict(msg: Any) -> dict[str, Any]:
     return status_shape.message_dict(msg)
 
 
-def since(ts: float) -> str:
-    """`16:12 (5m03s ago)`; never a negative age (a time to come is shown as now)."""
-    if not ts:
-        return "-"
-    age = max(0.0, time.time() - ts)
-    return f"{time.strftime('%H:%M', time.localtime(ts))} ({format_duration(age)} ago)"
-
-
 def shown(text: str) -> str:
     """Text for a terminal: commands and names come from other users' processes exactly
     as they set them (--json keeps them so); here nothing unprintable gets through."""
     return "\n".join(printable(line) for line in text.split("\n"))
-
-
-def table(rows: list[list[str]], header: list[str]) -> str:
-    rows = [[printable(str(c)) for c in r] for r in rows]
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-             for r in [header, *rows]]
-    return "\n".join(lines)
 
 
 def size_arg(text: str | None, option: str = "--min-memory") -> int:
@@ -198,3 +183,16 @@ def as_text(args: argparse.Namespace) -> argparse.Namespace:
         elif isinstance(value, list) and all(isinstance(v, str) for v in value):
             setattr(args, name, [argv_text(v) for v in value])
     return args
+
+
+def queue_printer(quiet: bool) -> Callable[[str], None]:
+    """`vaccel run` and `vaccel reserve` print each queue message once: the broker repeats
+    it while nothing changes."""
+    last = [""]
+
+    def on_queue(message: str) -> None:
+        if message != last[0] and not quiet:
+            last[0] = message
+            print(f"vaccel: {message}", file=sys.stderr, flush=True)
+
+    return on_queue

@@ -17,7 +17,8 @@ import os
 import time
 from typing import Any
 
-from vaccel.cli_common import EXIT_REFUSED, EXIT_USAGE, CliError, connection, rpc, shown, since, table, to_dict
+from vaccel.cli_common import EXIT_REFUSED, EXIT_USAGE, CliError, connection, rpc, shown, to_dict
+from vaccel_common.status_text import since, table
 from vaccel_common.units import format_duration, parse_duration
 from vaccel_common.v1 import broker_pb2 as pb
 

@@ -14,7 +14,8 @@ import json
 import time
 from typing import Any
 
-from vaccel.cli_common import EXIT_USAGE, CliError, connection, rpc, shown, table
+from vaccel.cli_common import EXIT_USAGE, CliError, connection, rpc, shown
+from vaccel_common.status_text import table
 from vaccel_common.units import format_duration, parse_duration
 from vaccel_common.v1 import broker_pb2 as pb
 

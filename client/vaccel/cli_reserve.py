@@ -55,10 +55,18 @@ def reservation_json(held: Any) -> dict[str, Any]:
 
 
 def cmd_reserve(args: argparse.Namespace) -> int:
-    from vaccel.cli_common import EXIT_USAGE, CliError, devices_arg, refused, size_arg, time_arg, wait_arg
+    from vaccel.cli_common import (
+        EXIT_USAGE,
+        CliError,
+        devices_arg,
+        queue_printer,
+        refused,
+        size_arg,
+        time_arg,
+        wait_arg,
+    )
     from vaccel.contract_files import ContractFileError
     from vaccel.lease_types import LeaseError
-    from vaccel.runner import queue_printer
     from vaccel.session import LeaseRequest, LeaseSession
     from vaccel_common.units import format_duration
 

@@ -11,7 +11,7 @@ import math
 import os
 from typing import Any, NamedTuple
 
-from vaccel_common.backends import lease_env, memory_settings
+from vaccel_common.backends import granted_env
 from vaccel_common.units import format_duration
 from vaccel_common.v1 import broker_pb2 as pb
 
@@ -91,18 +91,7 @@ class Lease:
         self.time_limit_s: float = msg.time_limit_s
         self.reservation: bool = msg.reservation
         self.notice: str = msg.notice
-        pool_mib, unified_memory = memory_settings(msg.accelerator_config_yaml, msg.backend)
-        self.env: dict[str, str] = lease_env(
-            lease_id=msg.id,
-            backend_name=msg.backend,
-            device_ids=[d.visible_id for d in self.devices],
-            allocator_config=msg.allocator_config,
-            memory_cap_mib=msg.memory_cap_mib,
-            simulated=msg.simulated,
-            memory_pool_mib=pool_mib,
-            unified_memory=unified_memory,
-            share_mib=msg.share_mib,
-        )
+        self.env: dict[str, str] = granted_env(msg)
         self._lost_reason = ""
         self._released = False
         self._accelerator: Any = None

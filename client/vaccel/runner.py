@@ -42,21 +42,22 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from vaccel import process_tree
-from vaccel.cli_common import EXIT_TIME_LIMIT
+from vaccel.cli_common import EXIT_TIME_LIMIT, queue_printer
 from vaccel.inside_lease import part_asked
 from vaccel.lease_request import LeaseRequest, time_limit_s
 from vaccel.lease_types import Lease, LeaseEnding
 from vaccel.session import LeaseSession
 from vaccel_common.backends import DEVICE_ENV_VARS
+from vaccel_common.grant_text import grant_lines
 from vaccel_common.text import argv_text
-from vaccel_common.units import format_mib
+from vaccel_common.v1 import broker_pb2 as pb
 
 if TYPE_CHECKING:
     from vaccel.containers import ContainerRun
+    from vaccel.forked import Forked
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 _LEAVE_QUEUE = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT})
@@ -226,24 +227,9 @@ def _supervise_container(container: ContainerRun, session: LeaseSession, lease_o
 
 
 def _announce(quiet: bool, lease_obj: Lease, source: str = "") -> None:
-    names = ", ".join(f"{d.label} {d.name}" for d in lease_obj.devices)
-    if lease_obj.share_mib:
-        names = f"a {format_mib(lease_obj.share_mib)} share of {names}"
-    _say(quiet, f"lease {lease_obj.id}{source}: {names}" + (" (simulated)" if lease_obj.simulated else ""))
-    for warning in lease_obj.warnings:
-        _say(quiet, f"warning: {warning}")
-
-
-def queue_printer(quiet: bool) -> Callable[[str], None]:
-    """Print each queue message once: the broker repeats it while nothing changes."""
-    last = [""]
-
-    def on_queue(message: str) -> None:
-        if message != last[0]:
-            last[0] = message
-            _say(quiet, message)
-
-    return on_queue
+    for line in grant_lines(lease_obj.id, [(d.label, d.name) for d in lease_obj.devices], lease_obj.simulated,
+                            lease_obj.warnings, source, lease_obj.share_mib):
+        _say(quiet, line)
 
 
 class _Ending:
@@ -311,6 +297,36 @@ def _supervise(command: list[str], session: LeaseSession, lease_obj: Lease, env:
     except OSError as exc:
         _say(False, f"cannot run {command[0]}: {exc.strerror}")
         return 127 if isinstance(exc, FileNotFoundError) else 126
+    return _watch(child, session, lease_obj, wake, ending)
+
+
+def continue_run(child: Forked, granted: bytes, *, socket: str | None, quiet: bool,
+                 warn_signal: int | None = signal.SIGUSR1) -> int:
+    """The rest of a `vaccel run` that vaccel/quick_run.py began and outlived its quick
+    path: the lease granted (`granted`: the AcquireUpdate), its lines said, the command
+    running as `child`, the signals of _WAITED blocked. From here as run_under_lease goes
+    on: heartbeat, signals, the lease's end, release."""
+    wake = _Waker()
+    try:
+        ending = _Ending(wake, warn_signal)
+        with LeaseSession(socket, on_queue=queue_printer(quiet), on_lost=wake, say=lambda m: _say(False, m),
+                          on_ending=ending, on_contract=lambda line: _say(quiet, line)) as session:
+            lease_obj = session.adopt(pb.AcquireUpdate.FromString(granted).granted, joined=False)
+            try:
+                return _watch(child, session, lease_obj, wake, ending)
+            finally:
+                if session.release():
+                    _say(quiet, f"lease {lease_obj.id} released")
+    finally:
+        wake.close()
+        _drain_wakes()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _WAITED)
+
+
+def _watch(child: subprocess.Popen[bytes] | Forked, session: LeaseSession, lease_obj: Lease, wake: _Waker,
+           ending: _Ending | None = None) -> int:
+    """Keep the lease while the command runs: forward signals, stop it if the lease ends;
+    return its status."""
     session.start_heartbeat()
     stopped_at = 0.0
     out_of_time = False  # the command was stopped because the lease's time was up

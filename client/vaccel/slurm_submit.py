@@ -28,8 +28,8 @@ import sys
 import threading
 from typing import NamedTuple
 
-CONFIG_ENV = "VACCEL_BROKER_CONFIG"
-DEFAULT_CONFIG = "/etc/vaccel/brokerd.toml"  # a str: every `vaccel run` reads it, and pathlib costs ~9 ms
+from vaccel_common.paths import BROKER_CONFIG, BROKER_CONFIG_ENV
+
 POLL_INTERVAL_S = 1.0
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 _PR_SET_PDEATHSIG = 1
@@ -49,7 +49,7 @@ def settings(environ: dict[str, str] | None = None) -> SubmitSettings | None:
     env = os.environ if environ is None else environ
     if env.get("SLURM_JOB_ID") or env.get("VACCEL_SLURM") == "off":
         return None
-    path = env.get(CONFIG_ENV) or DEFAULT_CONFIG
+    path = env.get(BROKER_CONFIG_ENV) or BROKER_CONFIG  # strs: every `vaccel run` reads it (not pathlib)
     try:
         with open(path, encoding="utf-8", errors="replace") as file:
             text = file.read()

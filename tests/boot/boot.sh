@@ -62,6 +62,7 @@ status=0
             --bind-ro="$wheels:/mnt/wheels" \
             --bind-ro="$here:/mnt/boot" \
             --bind-ro="$here/../../scripts/install.sh:/mnt/install.sh" \
+            --bind-ro="$here/../../scripts/launcher.sh:/mnt/launcher.sh" \
             --bind="$out:/mnt/out" \
             --bind-ro="$here/vaccel-boot-test.service:/etc/systemd/system/vaccel-boot-test.service" \
             systemd.wants=vaccel-boot-test.service

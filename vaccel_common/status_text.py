@@ -1,18 +1,71 @@
 """`vaccel status` as text: the devices table (a GPU in MIG mode as a line of its own with
 its instances under it, each memory share under its device with its user, budget and
 use), the queue with each waiter's reason, the users held back by a limit, and GPU
-processes without a lease. (`--json` is the shared shape in vaccel_common/status_json.py.)"""
+processes without a lease. (`--json` is the shared shape in vaccel_common/status_json.py.)
+
+Shared so that the full CLI and the broker render it alike: the broker answers a plain
+`vaccel status` ready-made (vaccel/entry.py, brokerd/edge/views.py). One thing in
+the text is the viewer's, not the broker's: the clock time a lease began (HH:MM in the
+viewer's time zone). The broker renders it in its own zone and says where each one is
+(`clock_marks`); the client rewrites those five characters in its own
+(vaccel_common/side_call.py local_text): always the same width, so no column moves.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from vaccel.cli_common import since, table
+from vaccel_common.text import printable
 from vaccel_common.units import format_duration, format_mib
-from vaccel_common.v1 import broker_pb2 as pb
+
+if TYPE_CHECKING:
+    from vaccel_common.v1 import broker_pb2 as pb
+
+COLUMNS = ["GPU", "NAME", "MEMORY", "ARCH", "STATE", "HOLDER", "SINCE", "LEASE"]
+_SINCE_COLUMN = COLUMNS.index("SINCE")
+
+
+def since(ts: float, clock: Callable[[float], time.struct_time] = time.localtime) -> str:
+    """`16:12 (5m03s ago)`; never a negative age (a time to come is shown as now)."""
+    if not ts:
+        return "-"
+    age = max(0.0, time.time() - ts)
+    return f"{time.strftime('%H:%M', clock(ts))} ({format_duration(age)} ago)"
+
+
+def table_lines(rows: list[list[str]], header: list[str]) -> tuple[list[str], list[int]]:
+    """The table's lines, and where each column starts in a line."""
+    rows = [[printable(str(c)) for c in r] for r in rows]
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+             for r in [header, *rows]]
+    starts = [sum(widths[:i]) + 2 * i for i in range(len(header))]
+    return lines, starts
+
+
+def table(rows: list[list[str]], header: list[str]) -> str:
+    return "\n".join(table_lines(rows, header)[0])
 
 
 def render_status(reply: pb.StatusReply) -> str:
+    """The text the full CLI prints, in this process's time zone."""
+    return "\n".join(_status_lines(reply)[0])
+
+
+def clock_marks(reply: pb.StatusReply) -> tuple[str, list[tuple[int, float]]]:
+    """The text, and for each HH:MM in it: (its offset in the text, the time it shows)."""
+    lines, marks = _status_lines(reply)
+    line_starts = [0]
+    for line in lines:
+        line_starts.append(line_starts[-1] + len(line) + 1)
+    return "\n".join(lines), [(line_starts[line] + column, ts) for line, column, ts in marks]
+
+
+def _status_lines(reply: pb.StatusReply) -> tuple[list[str], list[tuple[int, int, float]]]:
+    """The text's lines, each safe for a terminal (vaccel_common/text.py), and the
+    (line, column, time) of each lease's start clock."""
     out = [f"host {reply.hostname}{' (simulated devices)' if reply.simulated else ''}"]
     if reply.enforcement == "acl":
         gated = sum(d.gated for d in reply.devices)
@@ -22,6 +75,7 @@ def render_status(reply: pb.StatusReply) -> str:
         out.append(f"slurm: {reply.slurm_mode}" + (" (Slurm allocates these GPUs; vaccel asks it)"
                                                    if reply.slurm_mode == "delegate" else ""))
     rows: list[list[str]] = []
+    row_since: list[float] = []  # per row: the time its SINCE column shows (0: none)
     gpus_shown: set[str] = set()
     for d in reply.devices:
         if d.parent_uuid and d.parent_uuid not in gpus_shown:  # the GPU itself, once, over its instances
@@ -29,6 +83,7 @@ def render_status(reply: pb.StatusReply) -> str:
             count = sum(1 for other in reply.devices if other.parent_uuid == d.parent_uuid)
             rows.append([f"gpu{d.index}", d.name.rsplit(" MIG ", 1)[0], "", d.arch,
                          f"MIG mode, {count} instance{'s' if count != 1 else ''}", "", "", ""])
+            row_since.append(0.0)
         holder = ""
         if d.lease_id.startswith("slurm-"):  # a Slurm job vaccel did not make: "slurm job 42 (alice)"
             holder = d.holder.command
@@ -48,11 +103,16 @@ def render_status(reply: pb.StatusReply) -> str:
         name = f"  {d.mig_profile} instance" if d.parent_uuid else d.name
         rows.append([f"  {label}" if d.parent_uuid else label, name, format_mib(d.memory_mib), d.arch, state, holder,
                      since(d.since) if d.lease_id else "", d.lease_id])
+        row_since.append(d.since if d.lease_id else 0.0)
         for s in d.shares:
             use = f"uses {format_mib(s.used_mib)}" + (" OVER ITS SHARE" if s.used_mib > s.memory_mib else "")
             rows.append(["", f"  share of {format_mib(s.memory_mib)}", "", "", use, s.user, since(s.since),
                          s.lease_id])
-    out.append(table(rows, ["GPU", "NAME", "MEMORY", "ARCH", "STATE", "HOLDER", "SINCE", "LEASE"]))
+            row_since.append(s.since)
+    lines, starts = table_lines(rows, COLUMNS)
+    first_row = sum(part.count("\n") + 1 for part in out) + 1  # the line after the table's header
+    marks = [(first_row + i, starts[_SINCE_COLUMN], ts) for i, ts in enumerate(row_since) if ts]
+    out.extend(lines)
     if reply.queue:
         out.append("")
         out.append(f"queue ({len(reply.queue)} waiting):")
@@ -86,7 +146,8 @@ def render_status(reply: pb.StatusReply) -> str:
         for p in reply.unleased_processes:
             out.append(f"{index.get(p.device_uuid, 'gpu?')}: IN USE WITHOUT LEASE by {p.user or p.uid}: "
                        f"pid {p.pid} {p.command}, {format_mib(p.used_memory_mib)}")
-    return "\n".join(out)
+    # As the CLI shows every text (vaccel/cli_common.py shown()): line by line, nothing unprintable.
+    return [printable(line) for part in out for line in part.split("\n")], marks
 
 
 def holder_detail(holder: pb.Holder) -> str:
