@@ -164,7 +164,9 @@ def test_printable_escapes_control_bytes_visibly():
 def test_the_cli_text_output_escapes_what_others_set():
     from vaccel import cli_common as cli
 
-    table = cli.table([["l-1", "mallory", "\x1b]0;t\x07evil a\nb"]], ["LEASE", "USER", "COMMAND"])
+    from vaccel_common.status_text import table as text_table
+
+    table = text_table([["l-1", "mallory", "\x1b]0;t\x07evil a\nb"]], ["LEASE", "USER", "COMMAND"])
     assert table.splitlines()[1] == "l-1    mallory  \\x1b]0;t\\x07evil a\\x0ab"
     assert cli.shown("queue:\n  1. bob \x1b[2J") == "queue:\n  1. bob \\x1b[2J"
 

@@ -143,3 +143,26 @@ def test_auto_is_plain_without_journal_stream(stderr: Stderr,
     setup_logging("info")
     log_event("release", "done", lease_id="L-5")
     assert " INFO release lease=L-5: done" in stderr.getvalue()
+
+
+def test_an_answer_whose_caller_left_is_one_line_not_a_traceback(stderr: Stderr) -> None:
+    """gRPC logs an answer it could not send (the caller gave up: a Report with a short
+    deadline) as an ERROR with the core's traceback; a caller that leaves is not the
+    daemon's fault (docs/security.md, "A caller that leaves never hurts a worker")."""
+    setup_logging("info", journal=False)
+
+    class ExecuteBatchError(Exception):  # grpc._cython.cygrpc's, by name
+        pass
+
+    try:
+        raise ExecuteBatchError('Failed "execute_batch"')
+    except ExecuteBatchError:
+        logging.getLogger("grpc._cython.cygrpc").exception(
+            "ExecuteBatchError raised in core by servicer method [/vaccel.v1.Broker/Report]")
+    try:
+        raise ValueError("ours")
+    except ValueError:
+        logging.getLogger("vaccel.brokerd").exception("a fault of ours keeps its traceback")
+    text = stderr.getvalue()
+    assert " INFO grpc: the caller of /vaccel.v1.Broker/Report left before its answer was sent" in text, text
+    assert text.count("Traceback") == 1 and "ValueError: ours" in text

@@ -112,6 +112,23 @@ class PrintableFilter(logging.Filter):
         return True
 
 
+class CallerGoneFilter(logging.Filter):
+    """gRPC logs an answer it could not send because its caller had left (a deadline, a
+    closed connection) as an ERROR with the core's traceback: `ExecuteBatchError raised in
+    core by servicer method [/vaccel.v1.Broker/Report]`. A caller that leaves is not a
+    fault of the daemon's: one INFO line naming the method instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.startswith("grpc") and record.exc_info and record.exc_info[0] is not None \
+                and record.exc_info[0].__name__ == "ExecuteBatchError":
+            method = record.getMessage().rpartition("[")[2].rstrip("]") or "a call"
+            record.msg, record.args = f"grpc: the caller of {method} left before its answer was sent", None
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            return logging.getLogger().isEnabledFor(logging.INFO)
+        return True
+
+
 class RateLimitFilter(logging.Filter):
     """At most `burst` records per `window_s` for one (logger, level, message template);
     the first record after a quiet window says how many were left out."""
@@ -174,6 +191,7 @@ def setup_logging(level: str = "info", *, journal: bool | None = None) -> None:
         root.removeHandler(old)
         old.close()
     handler._vaccel_owned = True  # type: ignore[attr-defined]
+    handler.addFilter(CallerGoneFilter())
     handler.addFilter(RateLimitFilter())
     handler.addFilter(PrintableFilter())
     root.addHandler(handler)
