@@ -88,3 +88,27 @@ def test_a_share_over_budget_is_warned_and_called_off_when_back_within() -> None
     assert told[-1] == (bob.id, "back within its share: its end is called off")
     assert (bob.notice, bob.ending_state) == ("", "")
     assert budgets.used() == {alice.id: 10240, bob.id: 20480}
+
+
+def test_a_share_whose_end_has_come_is_not_called_off_when_its_processes_are_gone(monkeypatch) -> None:
+    """At its end the client stops the share's command; a probe that then finds its
+    processes gone (before the broker's own timer ended the lease, on a loaded machine)
+    must not read that as "back within its share": the end stands, as over_budget."""
+    import brokerd.core.budgets as budgets_module
+
+    manager = LeaseManager([gpu(0)])
+    manager.set_sharing(["GPU-0"])
+    bob = manager.submit(BOB, Requirement(1), wait=False, ask=Ask(memory_mib=30720))
+    probe, told, now = Probe(), [], [1000.0]
+    monkeypatch.setattr(budgets_module.time, "time", lambda: now[0])
+    budgets = ShareBudgets(manager, config=lambda: Config(sharing_over_budget_grace_s=30.0),
+                           snapshot=lambda: Snapshot((gpu(0),), tuple(probe.processes)),
+                           occupancy=lambda: Occupancy(matched=probe.matched),
+                           note_ending=lambda lease, what: told.append((lease.id, what)))
+    probe.uses(102, bob, 36864)
+    budgets.check()
+    assert bob.ending_state == OVER_BUDGET and bob.expires_at == 1030.0
+    now[0] = 1030.2  # its end has come: the client stopped the command
+    probe.processes.clear()
+    budgets.check()
+    assert bob.ending_state == OVER_BUDGET and len(told) == 1, told

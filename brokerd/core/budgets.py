@@ -58,7 +58,9 @@ class ShareBudgets:
         used, now, grace = self.used(), time.time(), self._config().sharing_over_budget_grace_s
         for lease in shares:
             over = used.get(lease.id, 0) > lease.share_mib
-            if lease.ending_state == OVER_BUDGET and not over:
+            # Once its end has come the client stops its command: processes gone then are the
+            # end carried out (the expiry records it), not a share back within its budget.
+            if lease.ending_state == OVER_BUDGET and not over and now < lease.expires_at:
                 self._note_ending(manager.call_off_ending(lease.id), "back within its share: its end is called off")
             elif over and not lease.notice:
                 at = now + grace
