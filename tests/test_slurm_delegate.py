@@ -220,9 +220,11 @@ def test_one_user_cannot_make_the_broker_start_salloc_without_bound(slurm, stage
         job = _sbatch(slurm, "vaccel-carol", 4, "sleep 60")
         wait_for(lambda: _job_state(slurm, job) == "RUNNING")
         first = _run_as(broker, staged, "vaccel-bob", "run", "--", "true", popen=True)
-        wait_for(lambda: _status(broker)["queue"])
+        # Waiting for good: its stream's request is with Slurm (the client's first, unary try
+        # with salloc --immediate may show a job in the queue for a moment before it is refused).
+        assert "waiting for Slurm" in first.stderr.readline()
         second = _run_as(broker, staged, "vaccel-bob", "run", "--", "true")
-        assert second.returncode != 0
+        assert second.returncode != 0, second.stderr
         assert "limit max_waiting=1 for default: vaccel-bob already has 1 requests with Slurm" in second.stderr
         live = slurm.run("squeue", "-h", "-u", "vaccel-bob", "-t", "PENDING,RUNNING", "-o", "%i", timeout=10)
         assert len(live.stdout.split()) == 1  # the refused one never reached Slurm
