@@ -29,8 +29,11 @@ def say(**what: object) -> None:
     print(json.dumps(what), flush=True)
 
 
-def our_salloc(timeout: float = WAIT_S) -> int:
-    """The pid of a salloc running as us (the broker starts it; we did not)."""
+def our_salloc(timeout: float = WAIT_S) -> tuple[int, list[str]]:
+    """(pid, argv) of a salloc running as us that waits for its job (the broker starts it;
+    we did not). The client's first, unary try runs a `salloc --immediate` that is refused
+    at once when nothing is free: the attack is on the request that waits, as a real
+    attacker's would be, so that one and any salloc gone meanwhile are passed over."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for entry in os.listdir("/proc"):
@@ -38,13 +41,16 @@ def our_salloc(timeout: float = WAIT_S) -> int:
                 continue
             try:
                 status = open(f"/proc/{entry}/status").read()
+                fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+                if fields.get("Name") != "salloc" or int(fields["Uid"].split()[0]) != os.getuid():
+                    continue
+                argv = open(f"/proc/{entry}/cmdline", "rb").read().decode().split("\0")
             except OSError:
                 continue
-            fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
-            if fields.get("Name") == "salloc" and int(fields["Uid"].split()[0]) == os.getuid():
-                return int(entry)
+            if argv and "--immediate=1" not in argv:
+                return int(entry), argv
         time.sleep(0.01)
-    raise SystemExit("no salloc of ours appeared")
+    raise SystemExit("no waiting salloc of ours appeared")
 
 
 def steal_stderr(pid: int) -> tuple[int, int]:
@@ -53,13 +59,23 @@ def steal_stderr(pid: int) -> tuple[int, int]:
     libc = ctypes.CDLL(None, use_errno=True)
     fd = libc.syscall(SYS_PIDFD_GETFD, pidfd, 2, 0)
     if fd < 0:
-        raise SystemExit(f"pidfd_getfd: {os.strerror(ctypes.get_errno())}")
+        errno = ctypes.get_errno()
+        os.close(pidfd)
+        if errno == 3:  # ESRCH: it exited meanwhile
+            raise ProcessLookupError(pid)
+        raise SystemExit(f"pidfd_getfd: {os.strerror(errno)}")
     return pidfd, fd
 
 
 def forge_grant(victim_job: str) -> None:
-    pid = our_salloc()
-    pidfd, fd = steal_stderr(pid)
+    deadline = time.monotonic() + WAIT_S
+    while True:  # a salloc that ends as we reach for it (ESRCH) is passed over: the next is looked for
+        pid, _ = our_salloc(max(0.0, deadline - time.monotonic()))
+        try:
+            pidfd, fd = steal_stderr(pid)
+            break
+        except ProcessLookupError:
+            time.sleep(0.01)
     say(holding=pid)
     # salloc prints its own grant and exits; the pipe stays open while we hold our copy.
     ready, _, _ = select.select([pidfd], [], [], WAIT_S)
@@ -75,8 +91,7 @@ def forge_grant(victim_job: str) -> None:
 
 
 def mark() -> None:
-    pid = our_salloc()
-    argv = open(f"/proc/{pid}/cmdline", "rb").read().decode().split("\0")
+    pid, argv = our_salloc()
     say(pid=pid, comment=next((a.split("=", 1)[1] for a in argv if a.startswith("--comment=")), ""))
 
 

@@ -115,11 +115,14 @@ def test_a_forged_grant_on_the_sallocs_pipe_takes_no_one_elses_gpu(slurm, delega
     try:
         bob_lease, bob_device = bob.stdout.readline().split()
         bob_job = _slurm_job_of(delegate, bob_lease)
-        filler = _sbatch(slurm, "vaccel-carol", 3, "sleep 4")  # the other three GPUs, for a while
-        _seen(delegate, filler)  # so alice's request waits in Slurm's queue: no salloc --immediate first
+        # The other three GPUs, until alice holds a copy of her waiting salloc's stderr (a
+        # filler that ended on its own could let salloc finish first on a loaded machine).
+        filler = _sbatch(slurm, "vaccel-carol", 3, "sleep 120")
+        _seen(delegate, filler)  # so alice's request waits in Slurm's queue
         forger = _attack(attacker, "vaccel-alice", "forge-grant", str(bob_job))
         alice = _run_as(delegate, staged, "vaccel-alice", "run", "--", "sh", "-c", HOLD_AND_PRINT, popen=True)
         assert "holding" in _said(forger)  # alice holds a copy of her salloc's stderr
+        slurm.run("scancel", str(filler))
         alice_line = alice.stdout.readline().split()
         assert alice_line, alice.stderr.read()
         alice_lease, alice_device = alice_line
