@@ -185,8 +185,7 @@ def run_under_lease(
                                memory_mib=memory_mib)
         inside = "" if lease_id else os.environ.get("VACCEL_LEASE_ID", "")
         ending = _Ending(wake, warn_signal)
-        with LeaseSession(socket, on_queue=queue_printer(quiet), on_lost=wake, say=lambda m: _say(False, m),
-                          on_ending=ending, on_contract=lambda line: _say(quiet, line)) as session:
+        with _session(socket, quiet, wake, ending) as session:
             if lease_id:
                 lease_obj = session.join(lease_id, source="--lease")
             elif inside:
@@ -202,12 +201,28 @@ def run_under_lease(
                 return _supervise(command, session, lease_obj, child_env(lease_obj, session.config_path), wake,
                                   ending)
             finally:
-                if session.release():
-                    _say(quiet, f"lease {lease_obj.id} released")
+                _give_back(session, lease_obj, quiet)
     finally:
-        wake.close()
-        _drain_wakes()
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _WAITED)
+        _stop_waking(wake)
+
+
+def _session(socket: str | None, quiet: bool, wake: _Waker, ending: _Ending) -> LeaseSession:
+    """The session as `vaccel run` keeps a lease: queue lines once each, a loss or the
+    lease's coming end wakes the main thread, the contract files read said."""
+    return LeaseSession(socket, on_queue=queue_printer(quiet), on_lost=wake, say=lambda m: _say(False, m),
+                        on_ending=ending, on_contract=lambda line: _say(quiet, line))
+
+
+def _give_back(session: LeaseSession, lease_obj: Lease, quiet: bool) -> None:
+    if session.release():
+        _say(quiet, f"lease {lease_obj.id} released")
+
+
+def _stop_waking(wake: _Waker) -> None:
+    """Undo what a run set up for its signals: the waker, pending wakes, the blocked mask."""
+    wake.close()
+    _drain_wakes()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _WAITED)
 
 
 def _supervise_container(container: ContainerRun, session: LeaseSession, lease_obj: Lease, socket: str | None,
@@ -309,18 +324,14 @@ def continue_run(child: Forked, granted: bytes, *, socket: str | None, quiet: bo
     wake = _Waker()
     try:
         ending = _Ending(wake, warn_signal)
-        with LeaseSession(socket, on_queue=queue_printer(quiet), on_lost=wake, say=lambda m: _say(False, m),
-                          on_ending=ending, on_contract=lambda line: _say(quiet, line)) as session:
+        with _session(socket, quiet, wake, ending) as session:
             lease_obj = session.adopt(pb.AcquireUpdate.FromString(granted).granted, joined=False)
             try:
                 return _watch(child, session, lease_obj, wake, ending)
             finally:
-                if session.release():
-                    _say(quiet, f"lease {lease_obj.id} released")
+                _give_back(session, lease_obj, quiet)
     finally:
-        wake.close()
-        _drain_wakes()
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _WAITED)
+        _stop_waking(wake)
 
 
 def _watch(child: subprocess.Popen[bytes] | Forked, session: LeaseSession, lease_obj: Lease, wake: _Waker,
