@@ -3,7 +3,7 @@
     sudo python -m bench.slurm_handover              # 5 pairs of each, about 30 s
     sudo python -m bench.slurm_handover --samples 10 --json
 
-On the single-node test cluster (tests/slurm_cluster.py: four fake GPUs, Debian's
+On the single-node test cluster (bench/testbeds/slurm.py: four fake GPUs, Debian's
 slurm-wlm, a no-op Epilog so a freed node is scheduled at once), two jobs that each want
 all four GPUs are started 0.3 s apart, so the second waits for the first:
 
@@ -34,8 +34,8 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `bench` and `tests` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.stats import summary_ms
+from bench.testbeds.slurm import SlurmCluster, missing_programs
 from tests.conftest import LAB_INVENTORY, Broker
-from tests.slurm_cluster import SlurmCluster, missing_programs
 
 STAMPS = 'echo $EPOCHREALTIME; sleep {hold}; echo $EPOCHREALTIME'
 

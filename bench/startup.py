@@ -4,7 +4,7 @@ exit, beside the references issue 36 measures them against, in the same run:
 - `python -c pass` from the same venv: the interpreter's floor (goal: `vaccel status`
   at most 1.5x it);
 - `srun --gres=gpu:1 true` on a real single-node Slurm started for the run
-  (tests/slurm_cluster.py: needs root and slurm-wlm; without them the row says it is
+  (bench/testbeds/slurm.py: needs root and slurm-wlm; without them the row says it is
   absent) (goal: `vaccel run` at most 1.0x it);
 - for scale: the client floor (the standard modules `vaccel run` needs plus the generated
   protobuf API) and `python -c 'import grpc'`.
@@ -40,7 +40,7 @@ if __package__ in (None, ""):  # run as a script: make `bench` and `tests` impor
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.leases import Bench, BenchError, Sizes, print_outcome
 from bench.stats import summary_ms
-from tests.slurm_cluster import SlurmCluster, missing_programs
+from bench.testbeds.slurm import SlurmCluster, missing_programs
 
 PASS = "python -c pass"
 SRUN = "srun --gres=gpu:1 true"
@@ -121,7 +121,7 @@ def run(runs: int) -> dict[str, Any]:
             cmds = commands(with_srun=isinstance(cluster, SlurmCluster))
             time_commands(cmds, 1, env)  # warm the page cache, the daemon and Slurm
             times = time_commands(cmds, runs, env)
-            slurm = "started: single node, 4 fake GPUs (tests/slurm_cluster.py)" if isinstance(cluster, SlurmCluster) \
+            slurm = "started: single node, 4 fake GPUs (bench/testbeds/slurm.py)" if isinstance(cluster, SlurmCluster) \
                 else cluster
     finally:
         bench.close()

@@ -1,6 +1,6 @@
 """A node Slurm also manages (`[slurm] mode = "delegate"`, brokerd/addons/slurm/) and a login node
 (`mode = "submit"`, client/vaccel/slurm_submit.py), on a real single-node Slurm
-(tests/slurm_cluster.py: four fake GPUs) with a real broker as root and real users
+(bench/testbeds/slurm.py: four fake GPUs) with a real broker as root and real users
 (tests/test_multiuser.py's helpers): Slurm is the only allocator, vaccel's leases are
 Slurm jobs of the requesting user, bound to the requesting process."""
 

@@ -1,6 +1,6 @@
 """A hostile neighbour against a node Slurm also manages (issue 31 items 1, 2, 3 and the
 Slurm papercut of 10): a delegate-mode broker as root on the real single-node Slurm of
-tests/slurm_cluster.py, the attacker a real Unix user (vaccel-alice; her attacks in
+bench/testbeds/slurm.py, the attacker a real Unix user (vaccel-alice; her attacks in
 tests/slurm_attacker.py), the neighbour a well-behaved one (vaccel-bob) whose
 `vaccel run --no-wait --gpus 1 -- true` is timed while each attack runs (printed; never
 asserted on). docs/security.md maps each class to its mechanism and to the test here.

@@ -63,7 +63,7 @@ def _problem(args: argparse.Namespace) -> str:
     if args.speed <= 0 or args.hours <= 0 or args.users < 1 or args.devices < 1 or args.timeout <= 0:
         return "--speed, --hours, --timeout must be positive; --users and --devices at least 1"
     if any(name.startswith("slurm") for name in args.systems):
-        from tests.slurm_cluster import missing_programs
+        from bench.testbeds.slurm import missing_programs
 
         if os.geteuid() != 0 or missing_programs():
             return "the slurm system needs root and slurm-wlm (scripts/setup.sh installs it); or --systems vaccel"

@@ -1,4 +1,4 @@
-"""Replay a trace against a real single-node Slurm with backfill (tests/slurm_cluster.py:
+"""Replay a trace against a real single-node Slurm with backfill (bench/testbeds/slurm.py:
 Debian's slurm-wlm, fake GPUs as GRES) on as many GPUs as the vaccel replay.
 
 Each job is an `sbatch --gres=gpu:N [--time=M]` submitted at its moment; its script stamps
@@ -74,7 +74,7 @@ def _read_stamps(path: Path) -> tuple[float, float] | None:
 def replay(steps: list[Step], compression: Compression, devices: int,
            timeout_s: float) -> tuple[list[Outcome], dict[str, Any]]:
     """Run the steps on a fresh cluster; the jobs' outcomes and how it was set up."""
-    from tests.slurm_cluster import SlurmCluster  # the tests' cluster: needs root and slurm-wlm
+    from bench.testbeds.slurm import SlurmCluster  # the tests' cluster: needs root and slurm-wlm
 
     root = Path(tempfile.mkdtemp(prefix="vaccel-bench-lab-slurm-"))
     conf, partition = settings(compression)

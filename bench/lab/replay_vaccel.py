@@ -123,7 +123,7 @@ class _Driver:
 def replay(steps: list[Step], system: str, compression: Compression, devices: int,
            timeout_s: float) -> tuple[list[Outcome], dict[str, Any]]:
     """Run the steps against a fresh broker; the jobs' outcomes and how it was set up."""
-    from tests.conftest import Broker  # the tests' broker fixture: a daemon subprocess on a temp socket
+    from bench.testbeds.broker import Broker  # a daemon subprocess on a temp socket
 
     workdir = Path(tempfile.mkdtemp(prefix="vaccel-bench-lab-"))
     drivers: list[_Driver] = []
