@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from vaccel.connection import BrokerConnection
+from vaccel.session.connection import BrokerConnection
 
 from tests.conftest import Broker
 from tests.hostile_client import side_exchange
@@ -152,7 +152,7 @@ def test_a_broker_that_predates_side_calls_is_asked_over_grpc(broker: Broker, tm
 
 
 def test_the_side_methods_are_unary_methods_the_client_knows_the_replies_of():
-    from vaccel import connection
+    from vaccel.session import connection
 
     from brokerd.edge.views import RENDERERS
 
