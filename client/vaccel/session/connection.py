@@ -13,7 +13,6 @@ import json
 import os
 import socket
 import stat
-import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -103,9 +102,12 @@ def _check_fallback_folder(path: str) -> None:
 
 class BrokerConnection:
     """`side_calls`: whether the calls the identity socket serves go there while this
-    process has no channel. By default only until grpc is imported: a process that has
-    paid for grpc gets the channel, which costs the daemon less per call than a fresh
-    connection and token."""
+    connection has no channel (by default yes). A short lease (grant, release) is then two
+    round trips whether or not the process has imported grpc (anything that imports
+    tensorboard, ray or wandb has): opening a channel costs a connection, HTTP/2's
+    handshake and a token before the first call (bench.lease_cycle measures both). A lease
+    that lives on opens the channel with its first heartbeat (not a side call), and from
+    then on every call of this connection uses it."""
 
     def __init__(self, socket_path: str | os.PathLike[str] | None = None, *, side_calls: bool | None = None) -> None:
         self.path = client_socket(socket_path)
@@ -162,14 +164,14 @@ class BrokerConnection:
             self._take_token(stream)
 
     def side_call(self, method: str, request: Any, timeout: float) -> Any | None:
-        """`method` over the identity socket (vaccel_common/side_call.py), for a process
-        that has not imported grpc (see the class): it may never need to. The reply; or
+        """`method` over the identity socket (vaccel_common/side_call.py), while this
+        connection has no channel (see the class): it may never need one. The reply; or
         the broker's refusal, raised as gRPC raises it (the same servicer code made it, and
         asking again could act twice: in Slurm delegate mode each ask is a Slurm job); or
         None when the side path did not answer (an older broker, a bound, a broken
         connection), and the caller then makes the call over gRPC."""
         reply_type = _SIDE_REPLIES.get(method)
-        wanted = "grpc" not in sys.modules if self.side_calls is None else self.side_calls
+        wanted = self.side_calls is not False
         if not wanted or reply_type is None or self._channel is not None or _GRPC_PID not in (None, os.getpid()):
             return None
         body = request.SerializeToString()
