@@ -1,0 +1,106 @@
+"""A hostile local user's attacks of the third pass (issue 43), one per subcommand; run as
+that user by tests/test_hostile_third.py from the world-readable staged copy. Prints JSON
+lines with what it saw.
+
+    python hostile_third.py tokenfree N       N health Watch streams with 1 MB names, twice
+                                              the daemon's token-free stream cap of known
+                                              ones, a 1 MB reflection symbol, N idle
+                                              connections; then holds everything open
+    python hostile_third.py shares N MIB      N memory shares of MIB each, one after another
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import Counter
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from vaccel.connection import BrokerConnection
+
+from vaccel_common.v1 import broker_pb2 as pb
+
+MB = 1 << 20
+OWN = [("grpc.use_local_subchannel_pool", 1)]  # a connection per channel, not one shared by all
+
+
+def _first(stream) -> str:
+    """The first thing a stream says: a status name, or the code it ended with."""
+    try:
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(next(stream).status)
+    except grpc.RpcError as exc:
+        return exc.code().name
+    except StopIteration:
+        return "ENDED"
+
+
+def tokenfree(n: int) -> dict:
+    path = f"unix:{BrokerConnection().path}"
+    held: list = []
+    seen: dict[str, Counter[str]] = {"big": Counter(), "unknown": Counter(), "known": Counter()}
+    for i in range(n):  # each on its own connection, each name unique and 1 MB
+        channel = grpc.insecure_channel(path, options=[("grpc.max_send_message_length", 2 * MB), *OWN])
+        stream = health_pb2_grpc.HealthStub(channel).Watch(
+            health_pb2.HealthCheckRequest(service=f"{i}-" + "x" * (MB - 64)), timeout=600)
+        seen["big"][_first(stream)] += 1
+        held += [channel, stream]
+    channel = grpc.insecure_channel(path)
+    held.append(channel)
+    health = health_pb2_grpc.HealthStub(channel)
+    for i in range(8):
+        seen["unknown"][_first(health.Watch(health_pb2.HealthCheckRequest(service=f"no.such.S{i}"), timeout=600))] += 1
+    reflect = reflection_pb2_grpc.ServerReflectionStub(channel)
+    try:
+        reply = next(reflect.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(
+            file_containing_symbol="x" * (MB - 64))]), timeout=60))
+        symbol = "error_response" if reply.HasField("error_response") else "answered"
+    except grpc.RpcError as exc:
+        symbol = exc.code().name
+    for _ in range(128):
+        stream = health.Watch(health_pb2.HealthCheckRequest(service="vaccel.v1.Broker"), timeout=600)
+        seen["known"][_first(stream)] += 1
+        held.append(stream)
+    idle = []
+    for _ in range(n):  # connected and handshaken, then silent
+        c = grpc.insecure_channel(path, options=OWN)
+        grpc.channel_ready_future(c).result(timeout=30)
+        idle.append(c)
+    out = {k: dict(v) for k, v in seen.items()} | {"symbol": symbol, "idle": len(idle)}
+    print(json.dumps(out), flush=True)
+    time.sleep(600)  # the test looks at the daemon meanwhile, then stops us
+    return out
+
+
+def shares(n: int, mib: int) -> dict:
+    c = BrokerConnection()
+    codes: Counter[str] = Counter()
+    longest = 0
+    for _ in range(n):
+        try:
+            *_, update = c.stream("Acquire", pb.AcquireRequest(gpus=1, memory_mib=mib, share=True), timeout=30)
+            codes["granted" if update.HasField("granted") else "other"] += 1
+        except grpc.RpcError as exc:
+            codes[exc.code().name] += 1
+            longest = max(longest, len(exc.details() or ""))
+    out = {"codes": dict(codes), "longest_refusal": longest}
+    print(json.dumps(out), flush=True)
+    time.sleep(600)
+    return out
+
+
+def main() -> None:
+    mode, args = sys.argv[1], sys.argv[2:]
+    if mode == "tokenfree":
+        result = tokenfree(int(args[0]))
+    elif mode == "shares":
+        result = shares(int(args[0]), int(args[1]))
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
