@@ -6,7 +6,7 @@ lines with what it saw.
                                               the daemon's token-free stream cap of known
                                               ones, a 1 MB reflection symbol, N idle
                                               connections; then holds everything open
-    python hostile_third.py shares N MIB      N memory shares of MIB each, one after another
+    python hostile_third.py shares N MIB      N reserved memory shares of MIB each, one after another
 """
 
 from __future__ import annotations
@@ -75,19 +75,20 @@ def tokenfree(n: int) -> dict:
 
 
 def shares(n: int, mib: int) -> dict:
+    """N reservations of a MIB share each (a reservation needs no heartbeat: they stay)."""
     c = BrokerConnection()
     codes: Counter[str] = Counter()
     longest = 0
     for _ in range(n):
+        request = pb.AcquireRequest(gpus=1, memory_mib=mib, reservation=True, time_limit_s=3600)
         try:
-            *_, update = c.stream("Acquire", pb.AcquireRequest(gpus=1, memory_mib=mib, share=True), timeout=30)
+            update = c.call("TryAcquire", request, timeout=30)
             codes["granted" if update.HasField("granted") else "other"] += 1
         except grpc.RpcError as exc:
             codes[exc.code().name] += 1
             longest = max(longest, len(exc.details() or ""))
     out = {"codes": dict(codes), "longest_refusal": longest}
     print(json.dumps(out), flush=True)
-    time.sleep(600)
     return out
 
 

@@ -114,3 +114,28 @@ def test_token_free_calls_hold_nothing_per_name_and_their_streams_and_idle_conne
     finally:
         stop(attacker)
     assert "Traceback" not in broker.log.read_text()
+
+
+# -- item 2: one user's shares cost everyone a bounded status ---------------------------------
+
+
+def test_one_users_many_small_shares_are_refused_and_capped_and_status_stays_small(bed: Bed):
+    broker = bed.broker
+    baseline = bed.victim()
+    tiny = bed.seen(bed.attack("shares", "300", "1"))  # 300 shares of 1 MiB
+    assert tiny["codes"] == {"FAILED_PRECONDITION": 300}, tiny  # under min_share: refused, one line
+    assert tiny["longest_refusal"] < 1000, tiny
+    many = bed.seen(bed.attack("shares", "100", "512"))  # 100 of 512 MiB
+    assert many["codes"] == {"FAILED_PRECONDITION": 100}, many
+    held = bed.seen(bed.attack("shares", "70", "1024"))  # 70 of 1 GiB on the 80 GiB card
+    assert held["codes"] == {"granted": 64, "RESOURCE_EXHAUSTED": 6}, held  # max_leases = 64
+    assert held["longest_refusal"] < 1000, held
+    during = bed.victim()
+    figures("64 shares held by alice", baseline, during)
+    assert during[2] < 20_000, during  # bob's status: the 64 shares, not thousands
+    # Bob's own share still fits beside alice's 64 GiB.
+    r = as_user(broker, bed.staged, BOB, "run", "--no-wait", "--memory", "10GiB", "--", "true")
+    assert r.returncode == 0, r.stderr
+    for lease in json.loads(broker.vaccel("leases", "--all", "--json").stdout)["leases"]:
+        if lease["state"] == "active":
+            broker.vaccel("release", lease["id"])
