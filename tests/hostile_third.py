@@ -6,6 +6,8 @@ lines with what it saw.
                                               the daemon's token-free stream cap of known
                                               ones, a 1 MB reflection symbol, N idle
                                               connections; then holds everything open
+    python hostile_third.py abandon T R       T threads, R rounds of Status and ListLeases given
+                                              up after 1 to 5 ms
     python hostile_third.py shares N MIB      N reserved memory shares of MIB each, one after another
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from collections import Counter
 
@@ -92,10 +95,36 @@ def shares(n: int, mib: int) -> dict:
     return out
 
 
+def abandon(threads: int, rounds: int) -> dict:
+    """Calls given up after 1 to 5 ms, many at once: each answer the daemon then cannot send
+    used to be a journal line of its own."""
+    c = BrokerConnection()
+    c.call("Status", pb.StatusRequest())  # connected and identified: the deadlines are the calls' alone
+    codes: Counter[str] = Counter()
+
+    def one(i: int) -> None:
+        for _ in range(rounds):
+            for method, request in (("Status", pb.StatusRequest()), ("ListLeases", pb.ListLeasesRequest())):
+                try:
+                    c.call(method, request, timeout=(0.001, 0.002, 0.003, 0.005)[i % 4])
+                    codes["OK"] += 1
+                except grpc.RpcError as exc:
+                    codes[exc.code().name] += 1
+
+    pool = [threading.Thread(target=one, args=(i,)) for i in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return dict(codes)
+
+
 def main() -> None:
     mode, args = sys.argv[1], sys.argv[2:]
     if mode == "tokenfree":
         result = tokenfree(int(args[0]))
+    elif mode == "abandon":
+        result = abandon(int(args[0]), int(args[1]))
     elif mode == "shares":
         result = shares(int(args[0]), int(args[1]))
     else:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from collections.abc import Iterator
@@ -70,8 +72,9 @@ def figures(label: str, baseline: tuple[float, float, int], during: tuple[float,
 @pytest.fixture(scope="module")
 def bed(staged_packages: Path) -> Iterator[Bed]:  # noqa: F811 - the fixture
     staged = staged_packages
-    shutil.copy(ROOT / "tests" / "hostile_third.py", staged / "hostile_third.py")
-    os.chmod(staged / "hostile_third.py", 0o644)
+    for name in ("hostile_third.py",):
+        shutil.copy(ROOT / "tests" / name, staged / name)
+        os.chmod(staged / name, 0o644)
     workdir = Path(tempfile.mkdtemp(prefix="vaccel-h3-"))
     os.chmod(workdir, 0o755)
     (workdir / "gpus.yaml").write_text(THREE_GPUS)
@@ -139,3 +142,70 @@ def test_one_users_many_small_shares_are_refused_and_capped_and_status_stays_sma
     for lease in json.loads(broker.vaccel("leases", "--all", "--json").stdout)["leases"]:
         if lease["state"] == "active":
             broker.vaccel("release", lease["id"])
+
+
+# -- item 6: a share of nothing, the launcher, the wheels, the caller-left lines --------------
+
+
+def test_a_share_of_nothing_is_refused_not_granted_whole(bed: Bed):
+    r = as_user(bed.broker, bed.staged, ALICE, "run", "--memory", "0GiB", "--", "true")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, (r.returncode, r.stderr)
+    assert "a memory share of '0GiB' is nothing" in r.stderr, r.stderr
+    code = "import vaccel\ntry:\n    vaccel.lease(memory='0MiB')\nexcept ValueError as e:\n    print(e)\n"
+    lib = subprocess.run([sys.executable, "-c", code], user=ALICE, cwd="/", capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(bed.staged), "HOME": "/"}, timeout=60)
+    assert "is nothing" in lib.stdout, (lib.stdout, lib.stderr)
+    leases = json.loads(bed.broker.vaccel("leases", "--all", "--json").stdout)["leases"]
+    assert not [x for x in leases if x["holder"]["user"] == ALICE and x["state"] == "active"], leases
+
+
+def test_callers_that_leave_on_purpose_get_a_rate_limited_line(bed: Bed):
+    broker = bed.broker
+    baseline = bed.victim()
+    attacker = bed.attack("abandon", "16", "40")  # Status and ListLeases given up after 1 to 5 ms
+    seen = bed.seen(attacker)
+    assert seen.get("DEADLINE_EXCEEDED", 0) > 0, seen
+    during = bed.victim()
+    figures("calls given up", baseline, during)
+    log = broker.log.read_text()
+    left = {m: log.count(f"grpc: the caller of /vaccel.v1.Broker/{m} left before its answer")
+            for m in ("Status", "ListLeases")}
+    print(f"abandoned calls: {seen}; 'caller left' lines: {left}")
+    assert max(left.values()) <= 6, left  # 5 a minute each, then a count of the rest
+
+
+def test_the_launcher_works_from_a_venv_whose_path_has_a_blank(tmp_path: Path):
+    venv = tmp_path / "lab tools" / "vaccel venv"
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    subprocess.run(["bash", str(ROOT / "scripts" / "launcher.sh"), str(venv)], check=True, timeout=60)
+    packages = sysconfig.get_paths()["purelib"]  # this venv's grpc and protobuf
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{ROOT / 'client'}:{ROOT}:{packages}", "HOME": "/"}
+    r = subprocess.run([str(venv / "bin" / "vaccel"), "--version"], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and r.stdout.strip(), (r.returncode, r.stdout, r.stderr)
+
+
+def test_install_takes_wheels_only_from_a_folder_only_root_can_write(tmp_path: Path):
+    os.chmod(tmp_path, 0o755)
+    wheels = tmp_path / "wheels"
+    wheels.mkdir(mode=0o755)
+    venv = tmp_path / "venv"
+
+    def install() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", str(ROOT / "scripts" / "install.sh"), "--wheels", str(wheels), "--no-units",
+                               str(venv)], capture_output=True, text=True, timeout=300)
+
+    alice = pwd.getpwnam(ALICE).pw_uid
+    os.chown(wheels, alice, -1)  # alice's folder: she could swap a wheel in as root installs it
+    r = install()
+    assert r.returncode == 2 and f"{wheels} belongs to uid {alice}" in r.stderr, r.stderr
+    os.chown(wheels, 0, -1)
+    os.chmod(wheels, 0o777)
+    r = install()
+    assert r.returncode == 2 and "writable by its group or by everyone (mode 777)" in r.stderr, r.stderr
+    os.chmod(wheels, 0o755)
+    (wheels / "vaccel-0.0.0-py3-none-any.whl").write_bytes(b"not a wheel")
+    os.chmod(wheels / "vaccel-0.0.0-py3-none-any.whl", 0o664)
+    r = install()
+    assert r.returncode == 2 and "vaccel-0.0.0-py3-none-any.whl is writable by its group" in r.stderr, r.stderr
+    assert not venv.exists()  # refused before anything was installed
