@@ -8,12 +8,14 @@ lines with what it saw.
                                               connections; then holds everything open
     python hostile_third.py abandon T R       T threads, R rounds of Status and ListLeases given
                                               up after 1 to 5 ms
+    python hostile_third.py runnow N KIB      N quick runs (RunNow) with a KIB accelerator config
     python hostile_third.py shares N MIB      N reserved memory shares of MIB each, one after another
 """
 
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import threading
 import time
@@ -24,6 +26,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from vaccel.connection import BrokerConnection
 
+from vaccel_common.paths import identity_socket
+from vaccel_common.side_call import parse_reply_header, request_header
 from vaccel_common.v1 import broker_pb2 as pb
 
 MB = 1 << 20
@@ -119,10 +123,62 @@ def abandon(threads: int, rounds: int) -> dict:
     return dict(codes)
 
 
+def big_config(kib: int) -> str:
+    """A legal accelerator config of about `kib` KiB: a memory section and many priorities."""
+    lines = ["rocm_config: {memory_pool_size_mb: 4096, use_unified_memory: true}", "device_selection_policy:"]
+    i = 1
+    while sum(map(len, lines)) < kib * 1024:
+        lines.append(f"  - priority: {i}\n    criteria: [{{type: gpu_vendor, equals: amd}}, "
+                     f"{{type: driver_version, min: 6.{i}.0}}]")
+        i += 1
+    return "\n".join(lines) + "\n"
+
+
+def _unpacked(payload: bytes) -> list[bytes]:
+    fields = []
+    while payload:
+        length, _, payload = payload.partition(b"\n")
+        fields.append(payload[:int(length)])
+        payload = payload[int(length):]
+    return fields
+
+
+def runnow(n: int, kib: int) -> dict:
+    """N quick runs (RunNow on the identity socket, as a plain `vaccel run` asks) carrying a
+    large accelerator config, each granted and given back at once."""
+    c = BrokerConnection()
+    path = str(identity_socket(c.path))
+    config = big_config(kib)
+    seen: Counter[str] = Counter()
+    for _ in range(n):
+        body = pb.AcquireRequest(gpus=1, accelerator_config_yaml=config, command="quick").SerializeToString()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(60)
+            s.connect(path)
+            s.sendall(request_header("RunNow", len(body)) + body)
+            data = b""
+            while chunk := s.recv(1 << 16):
+                data += chunk
+        _token, _, rest = data.partition(b"\n")
+        header, _, payload = rest.partition(b"\n")
+        code, _length = parse_reply_header(header) or (-1, 0)
+        fields = _unpacked(payload) if code == 0 else []
+        if fields and fields[0] == b"granted":
+            seen["granted"] += 1
+            env = dict(kv.split("=", 1) for kv in fields[4].decode().split("\0") if kv)
+            seen[f"cap={env.get('VACCEL_MEMORY_CAP_MIB')} xnack={env.get('HSA_XNACK')}"] += 1
+            c.call("Release", pb.ReleaseRequest(lease_id=fields[1].decode(), reason="quick"))
+        else:
+            seen[f"code {code}" if code else fields[0].decode()] += 1
+    return dict(seen)
+
+
 def main() -> None:
     mode, args = sys.argv[1], sys.argv[2:]
     if mode == "tokenfree":
         result = tokenfree(int(args[0]))
+    elif mode == "runnow":
+        result = runnow(int(args[0]), int(args[1]))
     elif mode == "abandon":
         result = abandon(int(args[0]), int(args[1]))
     elif mode == "shares":
