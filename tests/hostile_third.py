@@ -8,6 +8,8 @@ lines with what it saw.
                                               connections; then holds everything open
     python hostile_third.py abandon T R       T threads, R rounds of Status and ListLeases given
                                               up after 1 to 5 ms
+    python hostile_third.py attach N CROWD    N AttachContainer calls naming a non-init process
+                                              of a pid namespace of hers, CROWD more processes up
     python hostile_third.py runnow N KIB      N quick runs (RunNow) with a KIB accelerator config
     python hostile_third.py shares N MIB      N reserved memory shares of MIB each, one after another
 """
@@ -16,10 +18,12 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import sys
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -173,10 +177,71 @@ def runnow(n: int, kib: int) -> dict:
     return dict(seen)
 
 
+def code_of_call(call) -> str:
+    try:
+        call()
+    except grpc.RpcError as exc:
+        return exc.code().name
+    return "OK"
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def attach(n: int, crowd: int) -> dict:
+    """N AttachContainer calls naming, as a container's init, a process of alice's that is
+    in a pid namespace of its own but is not its init (each refused), with `crowd` more
+    processes of hers on the host (each refusal used to look through all of /proc)."""
+    c = BrokerConnection()
+    lease = c.call("TryAcquire", pb.AcquireRequest(gpus=1, command="attach"), timeout=30).granted
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(0.3):
+            c.call("Heartbeat", pb.LeaseRef(lease_id=lease.id), timeout=10)
+
+    threading.Thread(target=beat, daemon=True).start()
+    crowds = [subprocess.Popen(["sleep", "300"]) for _ in range(crowd)]
+    ns = subprocess.Popen(["unshare", "-Urpf", "sh", "-c", "sleep 300 & wait"])
+    sleeper = init = None
+    for _ in range(200):  # unshare -> its forked sh (pid 1 inside) -> sleep (pid 2 inside)
+        inner = [(k, g) for k in _children(ns.pid) for g in _children(k)]
+        if inner:
+            init, sleeper = inner[0]
+            break
+        time.sleep(0.05)
+    codes: Counter[str] = Counter()
+    try:
+        assert sleeper is not None, "no process in the new pid namespace"
+        request = pb.AttachContainerRequest(lease_id=lease.id, init_pid=sleeper, name="not-an-init")
+        for _ in range(n):
+            try:
+                c.call("AttachContainer", request, timeout=30)
+                codes["OK"] += 1
+            except grpc.RpcError as exc:
+                codes[exc.code().name] += 1
+        # The namespace's init itself is what a rootless engine's client names: taken.
+        real = pb.AttachContainerRequest(lease_id=lease.id, init_pid=init, name="its-init")
+        codes["init: " + code_of_call(lambda: c.call("AttachContainer", real, timeout=30))] += 1
+    finally:
+        stop.set()
+        for p in (*crowds, ns):
+            p.kill()
+            p.wait()
+        c.call("Release", pb.ReleaseRequest(lease_id=lease.id, reason="done"))
+    return dict(codes)
+
+
 def main() -> None:
     mode, args = sys.argv[1], sys.argv[2:]
     if mode == "tokenfree":
         result = tokenfree(int(args[0]))
+    elif mode == "attach":
+        result = attach(int(args[0]), int(args[1]))
     elif mode == "runnow":
         result = runnow(int(args[0]), int(args[1]))
     elif mode == "abandon":
