@@ -17,6 +17,8 @@ lines with what it saw.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -229,10 +231,13 @@ def attach(n: int, crowd: int) -> dict:
         codes["init: " + code_of_call(lambda: c.call("AttachContainer", real, timeout=30))] += 1
     finally:
         stop.set()
+        if init:
+            os.kill(init, signal.SIGKILL)  # the namespace's init: the kernel ends the rest of it
         for p in (*crowds, ns):
             p.kill()
             p.wait()
-        c.call("Release", pb.ReleaseRequest(lease_id=lease.id, reason="done"))
+        # Ended already once its container's init is gone (holder_exited): either way, done.
+        code_of_call(lambda: c.call("Release", pb.ReleaseRequest(lease_id=lease.id, reason="done")))
     return dict(codes)
 
 

@@ -206,6 +206,76 @@ def test_refused_container_attaches_do_not_scan_proc_on_the_loop(bed: Bed):
     assert spent < 1.0, spent
 
 
+# -- item 3: a share's memory is what its user runs on its device, however they fork ---------
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_shares_double_forked_setsid_child_is_counted_and_stopped_with_it(staged_packages: Path):  # noqa: F811
+    from tests.test_sharing_daemon import CONFIG, GIB, INVENTORY, use
+
+    workdir = Path(tempfile.mkdtemp(prefix="vaccel-h3-sh-"))
+    os.chmod(workdir, 0o755)
+    usage = workdir / "usage.json"
+    (workdir / "inventory.yaml").write_text(INVENTORY.format(usage=usage))
+    broker = Broker(workdir, workdir / "inventory.yaml", CONFIG).start()
+    orphan, run = 0, None
+    try:
+        bed = Bed(broker, staged_packages)
+        baseline = bed.victim()
+        # The command leaves a grandchild in a session of its own: reparented, no descendant of the lease's.
+        script = 'echo "$VACCEL_LEASE_ID"; ( setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! ); exec sleep 120'
+        run = as_user(broker, staged_packages, ALICE, "run", "--memory", "10GiB", "--signal", "none", "--",
+                      "sh", "-c", script, popen=True)
+        lease_id, orphan = run.stdout.readline().strip(), int(run.stdout.readline())
+        assert lease_id.startswith("l-"), run.stderr.read() if run.poll() is not None else lease_id
+        wait_for(lambda: _parent(orphan) == 1 or _session(orphan) == orphan)
+        use(usage, {orphan: 60 * GIB})  # 60 GiB of a 10 GiB share
+        share = wait_for(lambda: next((x for x in _shares(broker) if x["lease_id"] == lease_id
+                                       and x["used_mib"] == 60 * GIB), None), timeout=30)
+        assert share["user"] == ALICE
+        during = bed.victim()
+        figures("a share's orphan using 60 GiB", baseline, during)
+        err = run.communicate(timeout=60)[1]
+        assert "uses 60 GiB of device memory, over its share of 10 GiB" in err, err
+        # Its end stops what ran under it on the device, the orphan too.
+        wait_for(lambda: not _alive(orphan), timeout=60)
+        ended = json.loads(broker.vaccel("leases", "--all", "--ended", "--json").stdout)["leases"]
+        assert {x["id"]: x["state"] for x in ended}[lease_id] == "over_budget"
+        assert f"pid {orphan}" in broker.log.read_text()
+    finally:
+        if run is not None and run.poll() is None:
+            stop(run)
+        if orphan and _alive(orphan):
+            os.kill(orphan, 9)
+        broker.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _shares(broker: Broker) -> list[dict]:
+    r = broker.vaccel("status", "--json")
+    return [s for d in json.loads(r.stdout)["devices"] for s in d.get("shares", [])] if r.returncode == 0 else []
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+def _session(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[3])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
 # -- item 6: a share of nothing, the launcher, the wheels, the caller-left lines --------------
 
 
