@@ -17,6 +17,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +25,7 @@ import pytest
 
 from brokerd.edge.standard_services import STREAMS
 from tests.conftest import ROOT, Broker
+from tests.test_dashboard import free_port
 from tests.test_hostile import THREE_GPUS, rss_mib, stop
 from tests.test_multiuser import as_user, wait_for
 from tests.test_multiuser import staged as staged_packages  # noqa: F401 - a fixture, used by name
@@ -37,8 +39,8 @@ ALICE, BOB = "vaccel-alice", "vaccel-bob"
 
 
 class Bed:
-    def __init__(self, broker: Broker, staged: Path) -> None:
-        self.broker, self.staged = broker, staged
+    def __init__(self, broker: Broker, staged: Path, metrics: int = 0) -> None:
+        self.broker, self.staged, self.metrics = broker, staged, metrics
 
     def attack(self, *args: str) -> subprocess.Popen[str]:
         env = {"PATH": "/usr/bin:/bin", "VACCEL_SOCKET": str(self.broker.socket), "PYTHONPATH": str(self.staged),
@@ -78,9 +80,11 @@ def bed(staged_packages: Path) -> Iterator[Bed]:  # noqa: F811 - the fixture
     workdir = Path(tempfile.mkdtemp(prefix="vaccel-h3-"))
     os.chmod(workdir, 0o755)
     (workdir / "gpus.yaml").write_text(THREE_GPUS)
-    config = '[leases]\nheartbeat_ttl = "2s"\n[sharing]\ndevices = ["gpu2"]\n'
+    metrics = free_port()
+    config = (f'[leases]\nheartbeat_ttl = "2s"\n[sharing]\ndevices = ["gpu2"]\n'
+              f'[metrics]\nlisten = "127.0.0.1:{metrics}"\n')
     broker = Broker(workdir, workdir / "gpus.yaml", config).start()
-    yield Bed(broker, staged)
+    yield Bed(broker, staged, metrics)
     broker.stop()
     shutil.rmtree(workdir, ignore_errors=True)
 
@@ -136,6 +140,10 @@ def test_one_users_many_small_shares_are_refused_and_capped_and_status_stays_sma
     during = bed.victim()
     figures("64 shares held by alice", baseline, during)
     assert during[2] < 20_000, during  # bob's status: the 64 shares, not thousands
+    scrape = urllib.request.urlopen(f"http://127.0.0.1:{bed.metrics}/metrics", timeout=30).read().decode()
+    series = sum(line.startswith("vaccel_device_share_bytes{") for line in scrape.splitlines())
+    print(f"/metrics: {len(scrape)} bytes, {series} share series")
+    assert series == 64, series
     # Bob's own share still fits beside alice's 64 GiB.
     r = as_user(broker, bed.staged, BOB, "run", "--no-wait", "--memory", "10GiB", "--", "true")
     assert r.returncode == 0, r.stderr
