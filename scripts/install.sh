@@ -39,6 +39,35 @@ if [[ $(id -u) != 0 ]]; then
 fi
 requirement="vaccel${extras:+[$extras]}"
 
+# The wheels become code that root runs (the broker, install-units): take them only from a
+# folder nobody else can write into or swap (issue 43). The folder and its wheels are root's
+# and not group- or world-writable; each folder above it is root's and not writable by
+# others, or sticky (/tmp: nobody else may rename what is root's there).
+refuse_wheels() {
+    echo "install.sh: refusing the wheels in $wheels: $1; use a folder only root can write (chown -R root:" \
+         "$wheels && chmod -R go-w $wheels)" >&2
+    exit 2
+}
+if [[ -n $wheels ]]; then
+    [[ -d $wheels ]] || refuse_wheels "it is not a folder"
+    for file in "$wheels" "$wheels"/*.whl; do
+        [[ -e $file ]] || continue
+        read -r owner mode < <(stat -c '%u %a' "$file")
+        ((owner == 0)) || refuse_wheels "$file belongs to uid $owner"
+        ((8#$mode & 8#022)) && refuse_wheels "$file is writable by its group or by everyone (mode $mode)"
+    done
+    above=$(dirname "$wheels")
+    while :; do
+        read -r owner mode < <(stat -c '%u %a' "$above")
+        ((owner == 0)) || refuse_wheels "the folder above it, $above, belongs to uid $owner"
+        if ((8#$mode & 8#022)) && ! ((8#$mode & 8#1000)); then
+            refuse_wheels "the folder above it, $above, is writable by others (mode $mode)"
+        fi
+        [[ $above == / ]] && break
+        above=$(dirname "$above")
+    done
+fi
+
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 

@@ -61,3 +61,16 @@ def test_the_cut_over_is_at_holders_listed_notes():
     m.submit(BOB, Requirement(1), wait=False)
     n = HOLDERS_LISTED + 1
     assert m.holders_summary() == f"{n} of {n} devices leased: alice {HOLDERS_LISTED}, bob 1"
+
+
+def test_a_device_with_many_shares_names_the_memory_per_user():
+    """One user's thousands of shares made a Busy refusal 128 KB (issue 43)."""
+    from brokerd.leasing.model import Ask
+
+    m = host(2)
+    m.set_sharing(["GPU-1"])
+    for _ in range(300):
+        m.submit(ALICE, Requirement(1), wait=False, ask=Ask(memory_mib=100))
+    m.submit(BOB, Requirement(1), wait=False, ask=Ask(memory_mib=2048))
+    line = m.holders_summary()
+    assert line == "gpu1 shared: alice 29.3 GiB in 300, bob 2 GiB in 1, 48.7 GiB free", line

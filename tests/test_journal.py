@@ -166,3 +166,24 @@ def test_an_answer_whose_caller_left_is_one_line_not_a_traceback(stderr: Stderr)
     text = stderr.getvalue()
     assert " INFO grpc: the caller of /vaccel.v1.Broker/Report left before its answer was sent" in text, text
     assert text.count("Traceback") == 1 and "ValueError: ours" in text
+
+
+def test_answers_whose_callers_left_are_rate_limited_like_warnings(stderr: Stderr) -> None:
+    """A user whose calls leave on purpose, a thousand a second, wrote a line each (issue 43):
+    the caller-left line is info, but under the same rate limit as warnings."""
+    setup_logging("info", journal=False)
+
+    class ExecuteBatchError(Exception):  # grpc._cython.cygrpc's, by name
+        pass
+
+    for _ in range(50):
+        try:
+            raise ExecuteBatchError('Failed "execute_batch"')
+        except ExecuteBatchError:
+            logging.getLogger("grpc._cython.cygrpc").exception(
+                "ExecuteBatchError raised in core by servicer method [/vaccel.v1.Broker/Status]")
+    for i in range(3):
+        log_event("grant", "granted", lease_id=f"L-{i}")  # lease events keep every line
+    text = stderr.getvalue()
+    assert text.count("the caller of /vaccel.v1.Broker/Status left before its answer was sent") == 5, text
+    assert text.count(" INFO grant lease=L-") == 3, text

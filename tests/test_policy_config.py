@@ -67,9 +67,20 @@ max_devices = 5
     ("# students\n[policy.group.no-such-group-here]\nmax_devices = 1\n", 2,
      "[policy.group.no-such-group-here]: there is no Unix group 'no-such-group-here' on this host"),
     ("[policy.default]\nwindow = \"10m\"\n", 2, "policy.default.window: must be at least 1h"),
+    ("[policy.default]\nmin_share = \"lots\"\n", 2, "policy.default.min_share: not a size: 'lots'"),
+    ("[policy.default]\nmax_leases = -1\n", 2, "policy.default.max_leases: must not be negative"),
 ])
 def test_a_bad_value_is_refused_with_file_line_and_key(tmp_path: Path, text: str, line: int, message: str):
     with pytest.raises(ConfigError) as refused:
         config_from(tmp_path, text)
     assert str(refused.value).startswith(f"{tmp_path / 'brokerd.toml'}:{line}: "), str(refused.value)
     assert message in str(refused.value)
+
+
+def test_leases_and_shares_are_capped_per_user_by_default(tmp_path: Path):
+    """One user's thousands of 1 MiB shares (issue 43): max_leases and min_share, set or not."""
+    default = config_from(tmp_path, "").policy.for_user("nobody-here")
+    assert (default.max_leases, default.min_share_mib) == (64, 1024)
+    mine = config_from(tmp_path, '[policy.default]\nmax_leases = 8\nmin_share = "4GiB"\n').policy.for_user("x")
+    assert (mine.max_leases, mine.min_share_mib) == (8, 4096)
+    assert mine.user_limits().max_leases == 8 and mine.user_limits().min_share_mib == 4096

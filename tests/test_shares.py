@@ -197,3 +197,21 @@ def test_a_share_counts_its_part_of_the_device_it_gets_against_max_devices():
     assert waits.reason == ("limit max_devices=1 for default: you hold 0.5, and a 16 GiB share of gpu1 counts as "
                             "0.67 of a device")
     m.check_invariants()
+
+
+def test_max_leases_caps_one_users_shares_and_min_share_refuses_a_tiny_one():
+    """A share weighs its part of the device, so max_devices alone let one user hold
+    thousands of 1 MiB shares (issue 43): max_leases counts them, min_share refuses them."""
+    m, _ = shared_host()
+    limits = UserLimits(max_devices=3, max_leases=4, min_share_mib=GIB)
+    with pytest.raises(Unsatisfiable, match=r"a share of 1 MiB is under the smallest share granted here, 1 GiB"):
+        m.submit(ALICE, Requirement(1), wait=False, ask=Ask(memory_mib=1), limits=limits)
+    held = [share(m, ALICE, 1, limits=limits) for _ in range(4)]
+    assert all(isinstance(lease, Lease) for lease in held)
+    with pytest.raises(Busy, match=r"limit max_leases=4 for default: you hold 4 leases and shares"):
+        share(m, ALICE, 1, limits=limits)
+    waiting = share(m, ALICE, 1, wait=True, limits=limits)
+    assert waiting.reason.startswith("limit max_leases=4")
+    assert isinstance(share(m, BOB, 1, limits=limits), Lease)  # the cap is alice's alone
+    m.release(held[0].id, ALICE.uid)
+    assert [grant.request is waiting for grant in m.pump()] == [True]

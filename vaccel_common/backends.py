@@ -291,11 +291,14 @@ def memory_settings(accelerator_config_yaml: str, backend_name: str) -> tuple[in
     return int(pool), settings.get("use_unified_memory") is True
 
 
-def granted_env(msg: pb.Lease) -> dict[str, str]:
+def granted_env(msg: pb.Lease, memory: tuple[int, bool] | None = None) -> dict[str, str]:
     """`lease_env` of a granted lease message: what the client's Lease applies
     (vaccel/session/lease.py), and what the broker sends a ready-made `vaccel run`
-    (brokerd/edge/views.py), computed once here for both."""
-    pool_mib, unified_memory = memory_settings(msg.accelerator_config_yaml, msg.backend)
+    (brokerd/edge/views.py), computed once here for both. `memory`: the config's
+    memory_settings when the caller has them already (the broker parsed the config off its
+    loop), else they are read from the config's text here."""
+    pool_mib, unified_memory = memory if memory is not None else \
+        memory_settings(msg.accelerator_config_yaml, msg.backend)
     return lease_env(
         lease_id=msg.id,
         backend_name=msg.backend,

@@ -38,6 +38,17 @@ def parse_size_mib(value: str | int | float) -> int:
     return int(-(-size_bytes // (1024**2)))
 
 
+def parse_share_mib(value: str | int | float) -> int:
+    """A memory share's size in MiB (parse_size_mib), which must be more than nothing: on the
+    wire a share of 0 MiB is no share at all, so `--memory 0GiB` was granted whole devices
+    (issue 43). The broker refuses what is under its policy's min_share itself."""
+    mib = parse_size_mib(value)
+    if mib <= 0:
+        raise ValueError(f"a memory share of {value!r} is nothing: ask for a size, e.g. 10GiB, "
+                         "or for whole devices without it")
+    return mib
+
+
 def parse_duration(value: str | int | float) -> float:
     """Return seconds. Bare numbers are seconds; "90s", "15m", "2h", "1d12h" are accepted."""
     if isinstance(value, bool):

@@ -116,7 +116,8 @@ class CallerGoneFilter(logging.Filter):
     """gRPC logs an answer it could not send because its caller had left (a deadline, a
     closed connection) as an ERROR with the core's traceback: `ExecuteBatchError raised in
     core by servicer method [/vaccel.v1.Broker/Report]`. A caller that leaves is not a
-    fault of the daemon's: one INFO line naming the method instead."""
+    fault of the daemon's: one INFO line naming the method instead, under the rate limit
+    all the same (a caller that leaves on purpose, a thousand times a second, issue 43)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name.startswith("grpc") and record.exc_info and record.exc_info[0] is not None \
@@ -125,6 +126,7 @@ class CallerGoneFilter(logging.Filter):
             record.msg, record.args = f"grpc: the caller of {method} left before its answer was sent", None
             record.exc_info, record.exc_text = None, None
             record.levelno, record.levelname = logging.INFO, "INFO"
+            record.rate_limited = True
             return logging.getLogger().isEnabledFor(logging.INFO)
         return True
 
@@ -140,7 +142,7 @@ class RateLimitFilter(logging.Filter):
         self._seen: dict[tuple[str, int, str], list[float]] = {}  # key -> [window start, count, dropped]
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING:
+        if record.levelno < logging.WARNING and not getattr(record, "rate_limited", False):
             return True  # lease events are info: each one is wanted, and each is bounded by a request
         key = (record.name, record.levelno, str(record.msg)[:200])
         now = self._clock()

@@ -3,7 +3,7 @@ overrides, the lease time limits, and the fair queue's settings (docs/policy.md)
 
     [policy]                 fair_half_life, aging, idle_reclaim, idle_warning
     [policy.default]         every user: max_devices, max_waiting, time_default, time_max,
-                             max_device_hours, window
+                             max_device_hours, window, max_leases, min_share
     [policy.group.NAME]      members of Unix group NAME: any key of [policy.default]
 
 A user in several configured groups gets the first of them in the file's order. The
@@ -22,12 +22,13 @@ from typing import Any
 
 from brokerd.base.groups import BOOK
 from brokerd.leasing.model import UserLimits
-from vaccel_common.units import format_duration, parse_duration
+from vaccel_common.units import format_duration, parse_duration, parse_size_mib
 
 _DAY = 86400.0
 # Beyond these a value is a typo, not a policy.
 _MAX_DEVICES = 4096
 _MAX_WAITING = 10_000
+_MAX_LEASES = 100_000
 _LONGEST = 366 * _DAY
 
 
@@ -45,10 +46,15 @@ class Limits:
     time_max_s: float | None = None
     max_device_hours: float | None = None
     window_s: float | None = None
+    max_leases: int | None = None
+    min_share_mib: int | None = None
 
 
+# max_leases and min_share bound what one user's shares cost everyone (issue 43): each
+# lease is a line of everyone's `vaccel status` and a series of the metrics, and a 1 MiB
+# share weighs 1/81,920 of a device, so max_devices alone let one user hold thousands.
 DEFAULT_LIMITS = Limits(max_devices=0, max_waiting=64, time_default_s=_DAY, time_max_s=7 * _DAY,
-                        max_device_hours=0.0, window_s=7 * _DAY)
+                        max_device_hours=0.0, window_s=7 * _DAY, max_leases=64, min_share_mib=1024)
 
 
 @dataclass(frozen=True)
@@ -62,10 +68,13 @@ class EffectiveLimits:
     time_max_s: float
     max_device_hours: float
     window_s: float
+    max_leases: int
+    min_share_mib: int
     group: str = ""  # the group whose table applies ("students"), "" for the default
 
     def user_limits(self) -> UserLimits:
-        return UserLimits(self.name, self.max_devices, self.max_waiting, self.max_device_hours, self.window_s)
+        return UserLimits(self.name, self.max_devices, self.max_waiting, self.max_device_hours, self.window_s,
+                          self.max_leases, self.min_share_mib)
 
 
 @dataclass(frozen=True)
@@ -115,6 +124,8 @@ _LIMIT_KEYS = {
     "time_max": ("time_max_s", parse_duration),
     "max_device_hours": ("max_device_hours", float),
     "window": ("window_s", parse_duration),
+    "max_leases": ("max_leases", int),
+    "min_share": ("min_share_mib", parse_size_mib),
 }
 _TOP_KEYS = {
     "fair_half_life": "fair_half_life_s",
@@ -149,7 +160,8 @@ def _checked(key: str, raw: Any, parse: Any) -> Any:
         raise ValueError(f"must be a whole number, got {raw!r}")
     if value < 0:
         raise ValueError(f"must not be negative, got {raw!r}")
-    ceilings = {"max_devices": _MAX_DEVICES, "max_waiting": _MAX_WAITING, "max_device_hours": _MAX_DEVICES * 24 * 366}
+    ceilings = {"max_devices": _MAX_DEVICES, "max_waiting": _MAX_WAITING, "max_device_hours": _MAX_DEVICES * 24 * 366,
+                "max_leases": _MAX_LEASES, "min_share": 1 << 30}
     if key in ceilings and value > ceilings[key]:
         raise ValueError(f"{raw!r} is absurd (at most {ceilings[key]})")
     if parse is parse_duration and value > _LONGEST:

@@ -9,7 +9,8 @@ import asyncio
 from collections.abc import Callable, Iterable
 
 from brokerd.base.journal import log_event
-from brokerd.base.procinfo import ancestors, process_info
+from brokerd.base.process import ProcessId
+from brokerd.base.procinfo import ancestors, process_info, start_time
 from brokerd.config.loader import Config
 from brokerd.core.changes import ChangeFeed
 from brokerd.core.sharing import SharedDevices
@@ -41,6 +42,16 @@ class Inventory:
         self._unleased = UnleasedSignaller()
         self._held: dict[str, dict[str, str]] = {}  # an add-on -> the devices it holds back, with why
         self.sharing = SharedDevices()
+
+    def of_lease(self, lease: Lease) -> list[ProcessId]:
+        """The processes the last probe matched to `lease` on its devices (its holder's tree,
+        and for a share whatever its user runs there), for the clean-up after its end."""
+        found = []
+        for pid, lease_id in self.occupancy.matched.items():
+            started = start_time(pid) if lease_id == lease.id else None
+            if started is not None:
+                found.append(ProcessId(pid, started))
+        return found
 
     def start(self) -> None:
         """Re-probe periodically, if the config asks for it and there is a probe to run."""
@@ -100,11 +111,16 @@ def occupancy_of(
     closed), unhealthy, or (with `enforce` = config.enforce_mode "acl") not gated: their
     device nodes cannot be found or are open to everyone (brokerd/devices/nodes.py)."""
     leases = list(leases)
+    # What a user runs on a device their reservation or memory share holds is theirs, however
+    # it was started: a share's double-forked, setsid'd child is no descendant of its holder,
+    # and went uncounted (issue 43). A user's several shares of one device: the first has it.
     reserved: dict[str, dict[int, str]] = {}
     for lease in leases:
         if lease.reservation:
             for uuid in lease.devices:
                 reserved.setdefault(uuid, {})[lease.holder.uid] = lease.id
+        elif lease.share_mib:
+            reserved.setdefault(lease.devices[0], {}).setdefault(lease.holder.uid, lease.id)
     occupancy = classify(
         snapshot.processes,
         {lease.id: {lease.holder.pid, *(member.pid for member in lease.members)} for lease in leases},

@@ -40,7 +40,8 @@ LEFT = "the client left before the grant reached it"
 class Ledger:
     def __init__(self, manager: LeaseManager, store: LeaseStore, *, tasks: Tasks, changes: ChangeFeed,
                  waiting: WaitingRoom, records: WaitRecords, watcher: ProcessWatcher,
-                 hooks: Sequence[LeaseHook], deadline_moved: Callable[[float], None]) -> None:
+                 hooks: Sequence[LeaseHook], deadline_moved: Callable[[float], None],
+                 on_its_devices: Callable[[Lease], list[ProcessId]] = lambda lease: []) -> None:
         self.manager = manager
         self.store = store
         self.tasks = tasks
@@ -50,6 +51,7 @@ class Ledger:
         self.watcher = watcher
         self.hooks = hooks  # the service's list: add-ons plugged in later are seen
         self._deadline_moved = deadline_moved  # something may end by then: wake the expiry loop
+        self._on_its_devices = on_its_devices  # what the last probe saw of the lease's (Inventory)
 
     # -- grants ------------------------------------------------------------------------
 
@@ -171,7 +173,8 @@ class Ledger:
                   f"lease {lease.id} of {lease.holder.user} ended ({lease.state}): {lease.end_reason}",
                   lease_id=lease.id, user=lease.holder.user, device_uuids=lease.devices,
                   state=lease.state)
-        reap_after_end(lease, self.manager.ttl_s)  # not a release: what still runs under it is stopped
+        # Not a release: what still runs under it is stopped, its processes on its devices too.
+        reap_after_end(lease, self.manager.ttl_s, more=self._on_its_devices(lease))
         for hook in self.hooks:
             try:
                 hook.ended(lease)

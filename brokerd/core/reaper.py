@@ -44,19 +44,22 @@ def client_grace_s(ttl_s: float) -> float:
 HANDOVER_FIRST_S = 0.1  # the next waiter's grant takes a few ms; the clean-up waits seconds anyway
 
 
-def reap_after_end(lease: Lease, ttl_s: float, *, term_grace_s: float = TERM_GRACE_S) -> None:
-    """Schedule the clean-up of an ended lease (nothing for a release). Needs a running loop."""
+def reap_after_end(lease: Lease, ttl_s: float, *, term_grace_s: float = TERM_GRACE_S,
+                   more: Iterable[ProcessId] = ()) -> None:
+    """Schedule the clean-up of an ended lease (nothing for a release). `more`: processes of
+    the lease's besides its holder's and members' trees (a share's user's on its device,
+    however they were started). Needs a running loop."""
     if lease.state == RELEASED:
         return
     task = asyncio.get_running_loop().create_task(
-        _reap(lease, client_grace_s(ttl_s), term_grace_s), name=f"reap {lease.id}")
+        _reap(lease, client_grace_s(ttl_s), term_grace_s, tuple(more)), name=f"reap {lease.id}")
     _tasks.add(task)
     task.add_done_callback(_tasks.discard)
 
 
-async def _reap(lease: Lease, client_grace: float, term_grace: float) -> None:
+async def _reap(lease: Lease, client_grace: float, term_grace: float, more: tuple[ProcessId, ...] = ()) -> None:
     loop = asyncio.get_running_loop()
-    roots = [lease.holder.process, *lease.members]
+    roots = [lease.holder.process, *lease.members, *more]
     uid = lease.holder.uid
     try:
         # Not before the hand-over: the scan of /proc competes for the interpreter with the

@@ -97,7 +97,7 @@ class BrokerService:
                              pump_soon=lambda: self.ledger.pump_soon())
         self.ledger = Ledger(self.manager, store, tasks=self.tasks, changes=self.changes, waiting=self.waiting,
                              records=self.records, watcher=self.watcher, hooks=self.hooks,
-                             deadline_moved=self.expiry.expire_by)
+                             deadline_moved=self.expiry.expire_by, on_its_devices=lambda x: self.inventory.of_lease(x))
         self.governance = Governance(self.manager, store, config=current, users=self.users, tasks=self.tasks,
                                      changes=self.changes, deadline_moved=self.expiry.expire_by)
         self.queue = DurableQueue(self.manager, store, config=current, ledger=self.ledger,

@@ -59,14 +59,15 @@ class _Capture:
 
 
 def guarded_handlers(servicer: Any, add_to_server: Callable[[Any, Any], None] | None = None,
-                     ) -> dict[str, grpc.RpcMethodHandler]:
+                     max_request_bytes: int | None = None) -> dict[str, grpc.RpcMethodHandler]:
     """The servicer's method handlers as the generated add_<Service>Servicer_to_server
     makes them (the Broker's by default), except that each method receives the raw bytes
     and decodes them itself: gRPC's own decoding failure ends as UNKNOWN with a traceback
-    in the log, for what is the client's mistake."""
+    in the log, for what is the client's mistake. A request longer than
+    `max_request_bytes` (the token-free services') is refused before it is decoded."""
     capture = _Capture()
     (add_to_server or broker_pb2_grpc.add_BrokerServicer_to_server)(servicer, capture)
-    return {name: _guarded(name, handler) for name, handler in capture.handlers.items()}
+    return {name: _guarded(name, handler, max_request_bytes) for name, handler in capture.handlers.items()}
 
 
 def add_guarded_servicer(handlers: dict[str, grpc.RpcMethodHandler], server: grpc.aio.Server,
@@ -76,7 +77,11 @@ def add_guarded_servicer(handlers: dict[str, grpc.RpcMethodHandler], server: grp
     server.add_registered_method_handlers(service, handlers)
 
 
-async def _decode(name: str, decode: Callable[[bytes], Any], raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+async def _decode(name: str, decode: Callable[[bytes], Any], raw: bytes, context: grpc.aio.ServicerContext,
+                  limit: int | None = None) -> Any:
+    if limit is not None and len(raw) > limit:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                            f"{name}: the request is {len(raw)} bytes; this method takes at most {limit}")
     try:
         return decode(raw)
     except Exception as exc:  # any failure to decode a client's bytes is that client's mistake
@@ -86,28 +91,28 @@ async def _decode(name: str, decode: Callable[[bytes], Any], raw: bytes, context
                             "be UTF-8; use a client built from vaccel's proto")
 
 
-def _guarded(name: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+def _guarded(name: str, handler: grpc.RpcMethodHandler, limit: int | None) -> grpc.RpcMethodHandler:
     decode = handler.request_deserializer
     if handler.unary_unary is not None:
         unary = handler.unary_unary
 
         async def call(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
-            return await unary(await _decode(name, decode, raw, context), context)
+            return await unary(await _decode(name, decode, raw, context, limit), context)
 
         return grpc.unary_unary_rpc_method_handler(call, response_serializer=handler.response_serializer)
     if handler.stream_stream is not None:  # server reflection (brokerd/edge/standard_services.py)
-        return _guarded_bidi(name, handler)
+        return _guarded_bidi(name, handler, limit)
     assert handler.unary_stream is not None, f"{name}: no client-streaming method is served"
     streaming = handler.unary_stream
     if inspect.iscoroutinefunction(streaming):  # writes with context.write (grpc.health's Watch)
 
         async def written(raw: bytes, context: grpc.aio.ServicerContext) -> None:
-            await streaming(await _decode(name, decode, raw, context), context)
+            await streaming(await _decode(name, decode, raw, context, limit), context)
 
         return grpc.unary_stream_rpc_method_handler(written, response_serializer=handler.response_serializer)
 
     async def stream(raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        updates = streaming(await _decode(name, decode, raw, context), context)
+        updates = streaming(await _decode(name, decode, raw, context, limit), context)
         try:
             async for update in updates:
                 yield update
@@ -117,13 +122,13 @@ def _guarded(name: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler
     return grpc.unary_stream_rpc_method_handler(stream, response_serializer=handler.response_serializer)
 
 
-def _guarded_bidi(name: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+def _guarded_bidi(name: str, handler: grpc.RpcMethodHandler, limit: int | None) -> grpc.RpcMethodHandler:
     decode, bidi = handler.request_deserializer, handler.stream_stream
 
     async def both(raws: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         async def requests() -> AsyncIterator[Any]:
             async for raw in raws:
-                yield await _decode(name, decode, raw, context)
+                yield await _decode(name, decode, raw, context, limit)
 
         async for reply in bidi(requests(), context):
             yield reply

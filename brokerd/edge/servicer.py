@@ -29,6 +29,7 @@ from brokerd.edge.validation import (
     release_problem,
     report_problem,
 )
+from brokerd.edge.views import remember_config
 from brokerd.edge.work_guard import WorkGuard
 from brokerd.leasing.errors import Busy, LeaseError, Unsatisfiable
 from brokerd.leasing.model import Lease
@@ -108,6 +109,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                 identity.uid, request, self.service.snapshot.devices)
         except (ContractError, LeaseError) as exc:
             await self._fail(context, exc)
+        remember_config(request.accelerator_config_yaml, requirement.config)  # for a RunNow grant's view
         # Everything the evaluation depends on, so equal requests share one evaluation.
         cache_key = (request.gpus, request.min_memory_mib, request.runtime_spec_yaml,
                      request.accelerator_config_yaml, request.client.SerializeToString(deterministic=True))

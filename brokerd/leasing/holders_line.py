@@ -18,6 +18,7 @@ from vaccel_common.units import format_mib
 
 HOLDERS_LISTED = 8  # entries named one by one; past that, devices are counted per user
 USERS_NAMED = 5  # in the counted form, the users with most devices; the rest are counted
+SHARES_NAMED = 4  # a shared device's shares named one by one; past that, memory per user
 
 
 def holders_line(holdings: Holdings) -> str:
@@ -37,9 +38,7 @@ def holders_line(holdings: Holdings) -> str:
             shares = [holdings.leases[i] for i in holdings.shares[device.uuid]]
             for lease in shares:
                 per_user[str(lease.holder.user or lease.holder.uid)] += lease.weight
-            entries.append(f"{name} shared: " + ", ".join(
-                f"{lease.holder.user or lease.holder.uid} {format_mib(lease.share_mib)}" for lease in shares)
-                + f", {format_mib(max(0, holdings.room(device.uuid)))} free")
+            entries.append(f"{name} shared: {_shares(shares)}, {format_mib(max(0, holdings.room(device.uuid)))} free")
         elif device.uuid in holdings.drained:
             others["drained"] += 1
             entries.append(f"{name} drained: {holdings.drained[device.uuid]}")
@@ -52,6 +51,22 @@ def holders_line(holdings: Holdings) -> str:
     if len(entries) <= HOLDERS_LISTED:
         return ", ".join(entries) if entries else "no device is leased"
     return _counted(per_user, others, len(holdings.devices))
+
+
+def _shares(shares: list) -> str:
+    """A shared device's shares: each named, or past SHARES_NAMED the memory per user (one
+    user's thousands of shares made a refusal 128 KB, issue 43)."""
+    if len(shares) <= SHARES_NAMED:
+        return ", ".join(f"{lease.holder.user or lease.holder.uid} {format_mib(lease.share_mib)}" for lease in shares)
+    mib: Counter[str] = Counter()
+    count: Counter[str] = Counter()
+    for lease in shares:
+        user = str(lease.holder.user or lease.holder.uid)
+        mib[user] += lease.share_mib
+        count[user] += 1
+    users = sorted(mib, key=lambda u: (-mib[u], u))
+    line = ", ".join(f"{u} {format_mib(mib[u])} in {count[u]}" for u in users[:USERS_NAMED])
+    return line + (f" and {len(users) - USERS_NAMED} more users" if len(users) > USERS_NAMED else "")
 
 
 def _counted(per_user: Counter[str], others: Counter[str], devices: int) -> str:

@@ -116,6 +116,8 @@ class UserLimits:
     max_waiting: int = 0
     max_device_hours: float = 0.0
     window_s: float = 7 * 86400.0
+    max_leases: int = 0  # leases and shares held at once: a share weighs little, but each is a status line
+    min_share_mib: int = 0  # the smallest memory share granted
 
 
 @dataclass

@@ -166,7 +166,7 @@ class LeaseQueue:
     def limit(self, request: Request, reserved: Reservations) -> str:
         """The policy limit that holds the request back now ("" when none does): such a
         request keeps nothing for itself."""
-        if not (request.limits.max_devices or request.limits.max_device_hours):
+        if not (request.limits.max_devices or request.limits.max_device_hours or request.limits.max_leases):
             return ""  # the common case, on every request of every pump: no work
         now = self._clock()
         return limit_reason(request, reserved, self.holdings.devices,

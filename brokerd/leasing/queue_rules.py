@@ -166,6 +166,9 @@ def limit_reason(request: Request, reserved: Reservations, devices: Mapping[str,
     """Why a policy limit holds the request back now, "" when none does. A memory share
     counts as its part of its device (brokerd/leasing/shares.py)."""
     limits, uid = request.limits, request.holder.uid
+    if limits.max_leases and (count := reserved.count_of(uid)) >= limits.max_leases:
+        return (f"limit max_leases={limits.max_leases} for {limits.policy}: you hold {count} leases and shares; "
+                "release one first")
     held = reserved.held_by(uid)
     weight = reserved.weight_of(uid)
     if limits.max_devices and weight + request_weight(request, devices) > limits.max_devices + _SLACK:

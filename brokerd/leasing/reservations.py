@@ -59,6 +59,7 @@ class Reservations:
         for lease in self._leases:
             self._own.setdefault(lease.holder.uid, set()).update(lease.devices)
         self._weights: dict[int, float] | None = None  # summed only when a limit asks (weight_of)
+        self._counts: dict[int, int] = {}  # ... and the leases counted with them
         # uuid -> when it comes free (now for a free device, a lease's end, NEVER); asked
         # for only once a request must wait: most passes grant or find an empty queue.
         self._source = available_at
@@ -92,7 +93,13 @@ class Reservations:
             self._weights = {}
             for lease in self._leases:
                 self._weights[lease.holder.uid] = self._weights.get(lease.holder.uid, 0.0) + lease.weight
+                self._counts[lease.holder.uid] = self._counts.get(lease.holder.uid, 0) + 1
         return self._weights.get(uid, 0.0)
+
+    def count_of(self, uid: int) -> int:
+        """How many leases this user holds, whole devices and shares alike."""
+        self.weight_of(uid)
+        return self._counts.get(uid, 0)
 
     def blocked(self, request: Request) -> bool:
         if request.ask.memory_mib:
@@ -191,6 +198,7 @@ class Reservations:
             self._leases.append(lease)  # summed with the others when first asked
         else:
             self._weights[lease.holder.uid] = self._weights.get(lease.holder.uid, 0.0) + lease.weight
+            self._counts[lease.holder.uid] = self._counts.get(lease.holder.uid, 0) + 1
         end = lease.expires_at or NEVER
         if self._known is not None:  # else it is read later, with this lease in it
             for uuid in lease.devices:

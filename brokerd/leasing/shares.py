@@ -30,7 +30,10 @@ from vaccel_common.units import format_duration, format_mib
 
 def share_problem(request: Request, holdings: Holdings) -> str:
     """Why a share request can never be granted here, "" when it can."""
-    need = request.ask.memory_mib
+    need, least = request.ask.memory_mib, request.limits.min_share_mib
+    if least and need < least:
+        return (f"a share of {format_mib(need)} is under the smallest share granted here, {format_mib(least)} "
+                f"(min_share for {request.limits.policy}): ask for at least that")
     if request.requirement.gpus != 1:
         return (f"a memory share is of one device: ask for {format_mib(need)} of one GPU (--memory alone), "
                 f"or for whole devices (--gpus {request.requirement.gpus} without --memory)")

@@ -32,7 +32,7 @@ from typing import Any
 from vaccel.session.lease import DeviceInfo, Lease, LeaseEnding, LeaseError, LeaseLost
 from vaccel.session.lease_session import LeaseRequest, LeaseSession
 from vaccel_common.backends import DEVICE_ENV_VARS
-from vaccel_common.units import parse_size_mib
+from vaccel_common.units import parse_share_mib, parse_size_mib
 
 __all__ = ["DeviceInfo", "Lease", "LeaseError", "LeaseLost", "lease"]
 
@@ -109,7 +109,7 @@ class lease:
             min_memory_mib=parse_size_mib(min_memory) if min_memory is not None else 0,
             wait=wait, contract=contract, config=config,
             command=command or " ".join(sys.argv), in_process=True, time=time, devices=named,
-            memory_mib=parse_size_mib(memory) if memory is not None else 0,
+            memory_mib=parse_share_mib(memory) if memory is not None else 0,
             import_torch=import_torch,
         )
         self.on_ending = on_ending or _print_ending

@@ -116,7 +116,7 @@ class ContainerKeeper(LeaseHook):
     def _rootless(init_pid: int, uid: int, container: str, shown: tuple[str, str]) -> ContainerHold | None:
         """A rootless container's init, as the kernel shows it: the init of its own pid namespace,
         a process of the caller's own uid (which could signal it itself)."""
-        held = RootlessContainer.of(init_pid, uid)
+        held = RootlessContainer.of_init(init_pid, uid)
         if held is None:
             return None
         try:
@@ -191,7 +191,7 @@ class ContainerKeeper(LeaseHook):
 
     @staticmethod
     async def _stop_rootless(hold: ContainerHold, uid: int, grace_s: float) -> list[str]:
-        held = RootlessContainer.of(hold.init.pid, uid)
+        held = RootlessContainer.of_init(hold.init.pid, uid)
         if held is None:
             return []
         try:

@@ -82,6 +82,16 @@ def namespace_init(pid: int, proc_root: Path = PROC) -> int | None:
     return None
 
 
+def is_namespace_init(pid: int, proc_root: Path = PROC) -> bool:
+    """Whether `pid` is itself the init (pid 1) of a pid namespace other than the broker's,
+    from its own /proc entries only: a caller that names a container's init is confirmed
+    or refused without a look through every process (namespace_init's scan, on the loop,
+    at each refused AttachContainer: issue 43)."""
+    namespace = pid_namespace(pid, proc_root)
+    return (namespace is not None and namespace != pid_namespace("self", proc_root)
+            and _innermost_pid(pid, proc_root) == 1)
+
+
 def _innermost_pid(pid: int | str, proc_root: Path) -> int | None:
     """The process's pid in its own namespace: the last number of NSpid in its status."""
     try:

@@ -172,7 +172,18 @@ class RootlessContainer:
         init both as that uid's; None for a process in the broker's own pid namespace, another
         user's, or one that is gone. Close it (`close`) when done."""
         init = locate.namespace_init(pid, proc_root)
-        if init is None or not _owned_by(pid, uid, proc_root) or not _owned_by(init, uid, proc_root):
+        return None if init is None else cls._held(pid, init, uid, proc_root)
+
+    @classmethod
+    def of_init(cls, pid: int, uid: int, proc_root: Path = PROC) -> RootlessContainer | None:
+        """As `of`, for a pid its caller names as the container's init: it must be the init of
+        its own pid namespace (brokerd/addons/containers/locate.py is_namespace_init), which its
+        own /proc entries say, with no look through every process."""
+        return cls._held(pid, pid, uid, proc_root) if locate.is_namespace_init(pid, proc_root) else None
+
+    @classmethod
+    def _held(cls, pid: int, init: int, uid: int, proc_root: Path) -> RootlessContainer | None:
+        if not _owned_by(pid, uid, proc_root) or not _owned_by(init, uid, proc_root):
             return None
         try:
             pidfd = os.pidfd_open(init)

@@ -20,7 +20,7 @@ from vaccel.session.outcome import (  # noqa: F401 - the commands' shared names,
 )
 from vaccel_common import status_json as status_shape
 from vaccel_common.text import argv_text, printable
-from vaccel_common.units import parse_duration, parse_size_mib, parse_time_limit
+from vaccel_common.units import parse_duration, parse_share_mib, parse_size_mib, parse_time_limit
 
 LONGEST_S = 366 * 86400.0  # past this a duration typed on the command line is a typo
 MOST_GPUS = 65536  # past this a device count is a typo (and would not fit the request's field)
@@ -59,7 +59,7 @@ def size_arg(text: str | None, option: str = "--min-memory") -> int:
         raise CliError(f"{option} {text.strip()}: give a unit, e.g. {text.strip()}GiB or {text.strip()}MiB",
                        EXIT_USAGE)
     try:
-        mib = parse_size_mib(text)
+        mib = parse_share_mib(text) if option == "--memory" else parse_size_mib(text)
     except ValueError as exc:
         raise CliError(f"{option}: {exc}", EXIT_USAGE) from None
     if mib > MOST_MIB:
