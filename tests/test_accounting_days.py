@@ -19,6 +19,7 @@ from brokerd.leasing.model import RELEASED
 from brokerd.state.accounting import DB_NAME, _group_names, fill
 from brokerd.state.accounting_read import PER_USER, Reads
 from brokerd.state.report import UsageRow, build_report, day_start
+from brokerd.state.usage_rows import COLUMNS, MARKS, values
 from tests.test_accounting import GROUPS, Clock, close, end, lease, make
 from vaccel_common.units import parse_duration
 
@@ -59,7 +60,9 @@ def assert_same(summed, expected) -> None:
         assert got.wait_p90_s == pytest.approx(want.wait_p90_s, rel=0.005, abs=0.001)
 
 
-PERIODS = [(NOW - 30 * DAY, NOW), (NOW - 20.3 * DAY, NOW - 3.7 * DAY), (day_start(NOW - 10 * DAY), day_start(NOW))]
+# A year's report in short: whole months (December), whole days, and edges inside days.
+PERIODS = [(NOW - 70 * DAY, NOW), (NOW - 30 * DAY, NOW), (NOW - 20.3 * DAY, NOW - 3.7 * DAY),
+           (day_start(NOW - 10 * DAY), day_start(NOW))]
 
 
 def check_reports(acc, rows: list[UsageRow]) -> None:
@@ -71,7 +74,7 @@ def check_reports(acc, rows: list[UsageRow]) -> None:
 
 
 def test_reports_from_day_summaries_equal_the_rows_through_ends_replacements_and_pruning(tmp_path):
-    rows = random_rows(1500, 30)
+    rows = random_rows(1500, 75)
     clock = Clock(NOW)
     config = Config(state_dir=tmp_path)
     acc = make(tmp_path, clock, config=config)
@@ -107,10 +110,19 @@ def test_a_file_from_before_the_summaries_gains_them_and_reports_the_same(tmp_pa
     rows = random_rows(800, 20, seed=3)
     fill(tmp_path, rows)
     conn = sqlite3.connect(tmp_path / DB_NAME)  # as an older daemon left it: no summaries
-    conn.executescript("DELETE FROM meta WHERE key = 'days'; DROP TABLE usage_day; UPDATE usage SET day = NULL;")
+    conn.executescript("DELETE FROM meta WHERE key = 'days'; DROP TABLE usage_day;")
     conn.close()
     acc = make(tmp_path, Clock(NOW))
     check_reports(acc, rows)
+    close(acc)
+    # An older daemon that knows no summaries writes a row: the next start sums again.
+    late = replace(rows[0], lease_id="l-late", granted_at=NOW - 5.2 * DAY, ended_at=NOW - 5.1 * DAY)
+    conn = sqlite3.connect(tmp_path / DB_NAME)
+    conn.execute(f"INSERT INTO usage ({COLUMNS}) VALUES ({MARKS})", values(late))
+    conn.commit()
+    conn.close()
+    acc = make(tmp_path, Clock(NOW))
+    check_reports(acc, [*rows, late])
     close(acc)
     conn = sqlite3.connect(tmp_path / DB_NAME)
     assert conn.execute("SELECT value FROM meta WHERE key = 'days'").fetchone() == ("1",)

@@ -45,13 +45,13 @@ from brokerd.state.usage_rows import COLUMNS, MARKS, values
 log = logging.getLogger("vaccel.brokerd")
 
 DB_NAME = "accounting.db"
-SCHEMA_VERSION = 4
-# Columns older files lack (version 1: all, 2: the time limit and the day, 3: the day), added
-# in place when the file is opened: found by name, so a file of any older version (or none)
-# gets exactly those. The day's values and summaries follow on the writer (usage_days.ensure).
+# The day summaries (usage_days.py) are a table of their own, added and checked against the
+# rows at each start: a daemon from before them may go on using the file.
+SCHEMA_VERSION = 3
+# Columns older files lack (version 1: both, 2: the time limit), added in place when the file
+# is opened: found by name, so a file of any older version (or none) gets exactly those.
 _ADDED_COLUMNS = (("weight", "ALTER TABLE usage ADD COLUMN weight REAL"),
-                  ("time_limit_s", "ALTER TABLE usage ADD COLUMN time_limit_s REAL NOT NULL DEFAULT 0"),
-                  ("day", "ALTER TABLE usage ADD COLUMN day REAL"))
+                  ("time_limit_s", "ALTER TABLE usage ADD COLUMN time_limit_s REAL NOT NULL DEFAULT 0"))
 PRUNE_EVERY_S = 86400.0
 DEFAULT_SPAN_S = 7 * 86400.0  # a report that names no start covers the last week
 
@@ -65,8 +65,7 @@ CREATE TABLE IF NOT EXISTS usage (
     state TEXT NOT NULL, end_reason TEXT NOT NULL, reservation INTEGER NOT NULL,
     util_mean_pct REAL, idle_device_s REAL,
     weight REAL,  -- a memory share's part of its device (device-hours x this); NULL: its devices
-    time_limit_s REAL NOT NULL DEFAULT 0,
-    day REAL  -- the local day it lay within, NULL across midnight (usage_days.py)
+    time_limit_s REAL NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS usage_ended ON usage(ended_at);
 """
@@ -345,10 +344,9 @@ def fill(state_dir: Path, rows: Iterable[UsageRow]) -> int:
     conn = open_database(Path(state_dir) / DB_NAME)
     try:
         conn.execute("BEGIN")
+        conn.executemany(f"INSERT OR IGNORE INTO usage ({COLUMNS}) VALUES ({MARKS})", (values(r) for r in rows))
+        conn.execute("DELETE FROM meta WHERE key = ?", (usage_days.DAYS_READY,))
         usage_days.ensure(conn)
-        conn.executemany(f"INSERT OR IGNORE INTO usage ({COLUMNS}, day) VALUES ({MARKS}, ?)",
-                         ((*values(r), usage_days.day_of(r.granted_at, r.ended_at)) for r in rows))
-        usage_days.resum(conn, None)
         conn.execute("COMMIT")
         return conn.execute("SELECT COUNT(*) FROM usage").fetchone()[0]
     finally:

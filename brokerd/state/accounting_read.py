@@ -25,8 +25,18 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from brokerd.leasing.errors import Busy
-from brokerd.state.report import Report, ReportRow, UsageRow, build_report, clip, day_start, lease_row, next_day
-from brokerd.state.usage_days import DAY_COLUMNS, DAYS_READY, summary_from_db
+from brokerd.state.report import (
+    DaySummary,
+    Report,
+    ReportRow,
+    UsageRow,
+    build_report,
+    clip,
+    day_start,
+    lease_row,
+    next_day,
+)
+from brokerd.state.usage_days import DAYS_READY, LONGEST, end_day, whole_days
 from brokerd.state.usage_rows import COLUMNS, from_db
 
 POOL = 4
@@ -70,10 +80,10 @@ class Reads:
         conn = self._connect()
         try:
             live_ids = {row.lease_id for row in live}
-            days, stored = _plan(conn, since, until, by, live_ids)
+            days, once, stored = _plan(conn, since, until, by, live_ids)
             devices: dict[str, tuple[str, ...]] = {}
             rows = (r for r in (from_db(s, devices) for s in stored) if r.lease_id not in live_ids)
-            return build_report(_chain(live, rows), since, until, by, group_of, hide_uid, days)
+            return build_report(_chain(live, rows), since, until, by, group_of, hide_uid, days, once)
         finally:
             conn.close()
 
@@ -108,33 +118,36 @@ class Reads:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _chain(first: Iterable[UsageRow], then: Iterable[UsageRow]) -> Iterator[UsageRow]:
+def _chain(first: Iterable, then: Iterable) -> Iterator:
     yield from first
     yield from then
 
 
 def _plan(conn: sqlite3.Connection, since: float, until: float, by: str, live_ids: set[str]
-          ) -> tuple[list, Iterable[tuple]]:
-    """(the day summaries, the stored rows) a report of [since, until) reads."""
+          ) -> tuple[list[DaySummary], list[DaySummary] | None, Iterable[tuple]]:
+    """What a report of [since, until) reads: the whole days' summed figures (by day: and
+    each lease's once, for the total), the stored rows."""
     every = (f"SELECT {COLUMNS} FROM usage WHERE ended_at >= ? AND granted_at < ?", (since, until))
-    ready = conn.execute("SELECT value FROM meta WHERE key = ?", (DAYS_READY,)).fetchone()
+    meta = dict(conn.execute("SELECT key, value FROM meta WHERE key IN (?, ?)", (DAYS_READY, LONGEST)))
     first = since if day_start(since) == since else next_day(day_start(since))
     last = day_start(until)
-    if by not in ("user", "group", "day") or ready is None or ready[0] != "1" or first >= last:
-        return [], _rows(conn, [every])
-    if live_ids:  # a live lease with a row already (never expected): read its day's rows
+    if by not in ("user", "group", "day") or meta.get(DAYS_READY) != "1" or first >= last:
+        return [], None, _rows(conn, [every])
+    if live_ids:  # a live lease with a row already (never expected): read rows, as before
         marks = ",".join("?" * len(live_ids))
-        if conn.execute(f"SELECT 1 FROM usage WHERE lease_id IN ({marks}) AND day >= ? AND day < ? LIMIT 1",
-                        (*live_ids, first, last)).fetchone():
-            return [], _rows(conn, [every])
-    days = [summary_from_db(r) for r in conn.execute(
-        f"SELECT {DAY_COLUMNS} FROM usage_day WHERE day >= ? AND day < ?", (first, last))]
-    edges = [
-        (f"SELECT {COLUMNS} FROM usage WHERE day IS NULL AND ended_at >= ? AND granted_at < ?", (since, until)),
-        (f"SELECT {COLUMNS} FROM usage WHERE day >= ? AND day < ?", (day_start(since), first)),
-        (f"SELECT {COLUMNS} FROM usage WHERE day >= ? AND day < ?", (last, until)),
+        if conn.execute(f"SELECT 1 FROM usage WHERE lease_id IN ({marks}) LIMIT 1", (*live_ids,)).fetchone():
+            return [], None, _rows(conn, [every])
+    longest = float(meta.get(LONGEST, "0"))
+    edges = [  # began before the whole days (by the granted index), or ended after them (by the ended one)
+        (f"SELECT {COLUMNS} FROM usage WHERE granted_at >= ? AND granted_at < ? AND ended_at >= ?",
+         (since - longest - 1, first, since)),
+        (f"SELECT {COLUMNS} FROM usage WHERE ended_at >= ? AND ended_at <= ? AND granted_at >= ? AND granted_at < ?",
+         (last, until + longest + 1, first, until)),
     ]
-    return days, _rows(conn, edges)
+    tail = _rows(conn, edges[1:])
+    after = (r for r in tail if end_day(r[5], r[6]) >= last)  # one that ended at midnight `last` is summed
+    once = whole_days(conn, first, last, "user") if by == "day" else None
+    return whole_days(conn, first, last, by), once, _chain(_rows(conn, edges[:1]), after)
 
 
 def _rows(conn: sqlite3.Connection, queries: list[tuple[str, tuple]]) -> Iterator[tuple]:

@@ -57,8 +57,8 @@ class UsageRow:
 
 @dataclass
 class DaySummary:
-    """The leases of one uid (named `user`, counted under `gid`) that began and ended within
-    the local day starting at `day`: what a report needs of them, summed."""
+    """Leases of one uid (named `user`, counted under `gid`) summed as a report needs them:
+    their seconds within the local day starting at `day`, and their lease figures."""
 
     day: float
     uid: int
@@ -71,17 +71,27 @@ class DaySummary:
     ends: dict[str, int] = field(default_factory=dict)
     waits: dict[int, int] = field(default_factory=dict)  # wait_bucket -> leases
 
-    def add(self, row: UsageRow) -> None:
-        """Count a lease that lies within the day (as _Tally.add does for a whole lease)."""
-        span = max(row.ended_at - row.granted_at, 0.0)
+    def add(self, row: UsageRow, start: float, end: float) -> None:
+        """Count a lease's part [start, end) of the day (as _Tally.add does)."""
+        span, full = end - start, row.ended_at - row.granted_at
         self.device_s += row.device_weight * span
-        if row.idle_device_s is not None and span > 0:
-            self.idle_s += row.idle_device_s * row.device_weight / len(row.devices)
+        if row.idle_device_s is not None and full > 0:
+            self.idle_s += row.idle_device_s * (span / full) * row.device_weight / len(row.devices)
         self.leases += 1
         self.wait_max = max(self.wait_max, row.wait_s)
         self.ends[row.state] = self.ends.get(row.state, 0) + 1
         bucket = wait_bucket(row.wait_s)
         self.waits[bucket] = self.waits.get(bucket, 0) + 1
+
+    def merge(self, other: DaySummary) -> None:
+        self.device_s += other.device_s
+        self.idle_s += other.idle_s
+        self.leases += other.leases
+        self.wait_max = max(self.wait_max, other.wait_max)
+        for state, n in other.ends.items():
+            self.ends[state] = self.ends.get(state, 0) + n
+        for bucket, n in other.waits.items():
+            self.waits[bucket] = self.waits.get(bucket, 0) + n
 
 
 _BUCKET_FLOOR_S = 0.001
@@ -161,15 +171,9 @@ class _Tally:
     def merge(self, day: DaySummary) -> None:
         if self.summed is None:
             self.summed = DaySummary(0.0, 0, "", 0)
-        into = self.summed
+        self.summed.merge(day)
         self.seconds += day.device_s
         self.idle_seconds += day.idle_s
-        into.leases += day.leases
-        into.wait_max = max(into.wait_max, day.wait_max)
-        for state, n in day.ends.items():
-            into.ends[state] = into.ends.get(state, 0) + n
-        for bucket, n in day.waits.items():
-            into.waits[bucket] = into.waits.get(bucket, 0) + n
 
     def _percentile(self, waits: list[float], q: int) -> float:
         """Nearest rank over the exact waits and the summed ones' buckets together."""
@@ -252,11 +256,13 @@ def build_report(
     group_of: Callable[[int], str],
     hide_other_users_for_uid: int | None,
     days: Iterable[DaySummary] = (),
+    days_once: Iterable[DaySummary] | None = None,
 ) -> Report:
     """The figures for [since, until] keyed `by` user, group, device or day. With
     `hide_other_users_for_uid`, per-person rows (by user, by group) count only that
     user's leases; the total always counts everyone's. `days`: whole days inside the
-    period, summed (by user, group or day only), whose leases are not among `rows`."""
+    period, summed (by user, group or day only), whose leases are not among `rows`; by day
+    a lease counts on each of its days there, so `days_once` has them once, for the total."""
     if by not in BY:
         raise ValueError(f"by must be one of {', '.join(BY)}, got {by!r}")
     total = _Tally()
@@ -267,13 +273,16 @@ def build_report(
     for summary in days:
         if by not in ("user", "group", "day"):
             raise ValueError(f"a report by {by} cannot use day summaries")
-        total.merge(summary)
+        if days_once is None:
+            total.merge(summary)
         if by != "day" and hide_other_users_for_uid is not None and summary.uid != hide_other_users_for_uid:
             hidden = True
             continue
         key = (summary.user or str(summary.uid) if by == "user" else group_of(summary.gid) if by == "group"
                else _day_key(summary.day))
         tallies.setdefault(key, _Tally()).merge(summary)
+    for summary in days_once or ():
+        total.merge(summary)
     split = _Days(since, until) if by == "day" else None
     for row in rows:
         clipped = clip(row, since, until)
