@@ -181,3 +181,14 @@ def test_an_export_of_more_leases_than_one_message_holds_is_complete(start_broke
         assert (total["leases"], total["device_hours"]) == (LEASES, pytest.approx(LEASES * 300 / H))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_an_exports_rows_are_the_reports_rows_by_lease():
+    from brokerd.state.report import clip, lease_row
+
+    rows = random_rows(400, 10, seed=5)
+    since, until = NOW - 6.5 * DAY, NOW - DAY
+    expected = build_report(rows, since, until, "lease", _group_names(), None).rows
+    made = [lease_row(r, *clip(r, since, until)) for r in sorted(rows, key=lambda r: (r.granted_at, r.lease_id))
+            if clip(r, since, until) is not None]
+    assert made == list(expected)

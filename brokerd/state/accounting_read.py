@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import ctypes
+import ctypes.util
 import heapq
 import sqlite3
 import threading
@@ -42,6 +44,23 @@ from brokerd.state.usage_rows import COLUMNS, from_db
 POOL = 4
 PER_USER = 2
 PAGE_ROWS = 4000  # leases per page of an export: about 600 KB, far below gRPC's 4 MiB
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc: its allocator does what it does
+        return None
+
+
+_TRIM = _malloc_trim()
+
+
+def give_back() -> None:
+    """Hand the heap pages a report freed back to the system: glibc keeps them for reuse
+    otherwise, and a year's export left the daemon ~40 MB larger for good."""
+    if _TRIM is not None:
+        _TRIM(0)
 
 
 class Reads:
@@ -86,6 +105,7 @@ class Reads:
             return build_report(_chain(live, rows), since, until, by, group_of, hide_uid, days, once)
         finally:
             conn.close()
+            give_back()
 
     def lease_pages(self, since: float, until: float, live: list[UsageRow], hide_uid: int | None,
                     page: int = PAGE_ROWS) -> Iterator[tuple[ReportRow, ...]]:
@@ -113,6 +133,7 @@ class Reads:
             yield tuple(out)
         finally:
             conn.close()
+            give_back()
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
