@@ -25,6 +25,7 @@ import contextlib
 import grp
 import logging
 import sqlite3
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
@@ -54,6 +55,7 @@ _ADDED_COLUMNS = (("weight", "ALTER TABLE usage ADD COLUMN weight REAL"),
                   ("time_limit_s", "ALTER TABLE usage ADD COLUMN time_limit_s REAL NOT NULL DEFAULT 0"))
 PRUNE_EVERY_S = 86400.0
 DEFAULT_SPAN_S = 7 * 86400.0  # a report that names no start covers the last week
+UNWRITTEN_MAX = 100_000  # rows kept in memory while the file takes none (~30 MB at most)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -161,6 +163,8 @@ class Accounting(LeaseHook):
         self._last_snapshot: Snapshot | None = None
         self._last_sample_at: float | None = None
         self._last_prune_at = 0.0
+        self._unwritten: list[tuple[UsageRow, bool]] = []  # (row, replace) the file did not take
+        self._unwritten_lock = threading.Lock()  # the writer thread adds, the loop takes
         self._task: asyncio.Task[None] | None = None
 
     # -- the lease's moments (on the event loop; never raise) ---------------------------
@@ -171,8 +175,7 @@ class Accounting(LeaseHook):
         missed = [usage_row(lease, None, now, self._gid(lease)) for lease in self._recently_ended()
                   if not lease.active]
         if missed:
-            self._logged(self._writer.submit(lambda conn: usage_days.record(conn, missed, replace=False)),
-                         "the leases that ended before this start")
+            self._write(missed, "the leases that ended before this start", replace=False)
         self.prune()
 
     def granted(self, lease: Lease) -> None:
@@ -180,8 +183,44 @@ class Accounting(LeaseHook):
 
     def ended(self, lease: Lease) -> None:
         row = usage_row(lease, self._live.pop(lease.id, None), self._clock(), self._gid(lease))
-        self._logged(self._writer.submit(gather=True, op=lambda conn: usage_days.record(conn, [row], replace=True)),
-                     f"the end of lease {lease.id}")
+        self._write([row], f"the end of lease {lease.id}", replace=True, gather=True)
+
+    def _write(self, rows: list[UsageRow], what: str, *, replace: bool, gather: bool = False) -> None:
+        """Write rows on the writer thread. Rows the file does not take (a full disk, issue
+        46) are kept in memory, up to UNWRITTEN_MAX, and written again at each tick of `run`
+        until it takes them: a lease that ends while the disk is full is not lost."""
+        def check(done: concurrent.futures.Future[Any]) -> None:
+            error = None if done.cancelled() else done.exception()
+            if error is None:
+                return
+            with self._unwritten_lock:
+                kept = [(row, replace) for row in rows[:max(0, UNWRITTEN_MAX - len(self._unwritten))]]
+                self._unwritten.extend(kept)
+                waiting = len(self._unwritten)
+            if not what.startswith("again:"):
+                log.error("accounting could not record %s: %s; %d row(s) kept in memory, written when the "
+                          "file takes them again%s", what, error, waiting,
+                          "" if len(kept) == len(rows) else f" ({len(rows) - len(kept)} dropped: too many)")
+
+        future = self._writer.submit(gather=gather, op=lambda conn: usage_days.record(conn, rows, replace=replace))
+        future.add_done_callback(check)
+
+    def _catch_up(self) -> None:
+        """Write the rows the file did not take before, once more."""
+        with self._unwritten_lock:
+            unwritten, self._unwritten = self._unwritten, []
+        for replace in (True, False):
+            rows = [row for row, again in unwritten if again is replace]
+            if rows:
+                self._write(rows, "again: rows kept in memory", replace=replace)
+        count = len(unwritten)
+        self._writer.submit(lambda conn: None).add_done_callback(lambda _: self._caught_up(count))
+
+    def _caught_up(self, n: int) -> None:
+        with self._unwritten_lock:
+            left = len(self._unwritten)
+        if not left:
+            log.info("accounting: the %d row(s) kept in memory are written", n)
 
     def _gid(self, lease: Lease) -> int:
         return counted_gid(self._config().policy, lease.holder.user, lease.holder.gid)
@@ -247,6 +286,8 @@ class Accounting(LeaseHook):
             await asyncio.sleep(max(self._config().probe_interval_s, 0.5))
             try:
                 self.sample()
+                if self._unwritten:
+                    self._catch_up()
                 if self._clock() - self._last_prune_at >= PRUNE_EVERY_S:
                     self.prune()
             except Exception:
