@@ -62,7 +62,7 @@ IDLE_ECHO_OPS = 60  # each after bench.leases.IDLE_PAUSE_S of silence: ~2 s
 
 def _looping_client(path: str, hold_s: float, stop: Any, events: Any) -> None:
     """Acquire, hold, release, again, until `stop`; report (kind, monotonic time)."""
-    from vaccel.session import LeaseRequest, LeaseSession
+    from vaccel.session.lease_session import LeaseRequest, LeaseSession
 
     request = LeaseRequest(gpus=1, wait=True)
     try:
@@ -81,7 +81,7 @@ def _exiting_client(path: str, hold_s: float, events: Any, exited_at: Any) -> No
     """Acquire, hold, then exit without a release (the broker sees the pid end). The exit's
     moment goes into shared memory right before os._exit: a queue's feeder thread, flushed
     after the moment was taken, would count its own flush as hand-over time."""
-    from vaccel.session import LeaseRequest, LeaseSession
+    from vaccel.session.lease_session import LeaseRequest, LeaseSession
 
     try:
         session = LeaseSession(path)

@@ -12,7 +12,7 @@ training scripts would, instead of fighting over one interpreter lock.
 
 - echo: a minimal grpc.aio server (bytes in, bytes out, no protoc), one unary call per op.
 - broker: `python -m brokerd` on 64 simulated devices, so 32 clients never queue;
-  one op is an acquire as the client library makes it (vaccel/acquisition.py: the unary
+  one op is an acquire as the client library makes it (vaccel/session/acquisition.py: the unary
   TryAcquire, granted at once here) plus Release.
   Its latency figure is the acquire alone; its rate is acquire+release cycles.
 
@@ -44,8 +44,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from vaccel.acquisition import Acquisition
-from vaccel.connection import BrokerConnection
+from vaccel.session.acquisition import Acquisition
+from vaccel.session.connection import BrokerConnection
 
 if __package__ in (None, ""):  # run as a script (python bench/leases.py): make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))

@@ -67,7 +67,7 @@ STEP_TIMEOUT_S = 120.0
 
 def _identity(path: str) -> tuple[tuple[str, str], ...]:
     """A token for this process, minted the way every client gets one."""
-    from vaccel.connection import BrokerConnection
+    from vaccel.session.connection import BrokerConnection
 
     from vaccel_common.v1 import broker_pb2 as pb
 

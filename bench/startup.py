@@ -12,6 +12,7 @@ exit, beside the references issue 36 measures them against, in the same run:
     python -m bench.startup              # 20 runs of each (about 20 s on 2 cores, Slurm's start included)
     python -m bench.startup --runs 100   # steadier figures
     python -m bench.startup --json
+    python -m bench.startup --baseline /tmp/old-tree   # the same commands from another checkout too
 
 Every figure is a fresh process, as a user's shell starts it (the `vaccel` command beside
 this interpreter when there is one, else `python -m vaccel.entry`), against a real daemon
@@ -92,13 +93,25 @@ def slurm_cluster() -> Iterator[SlurmCluster | str]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def time_commands(cmds: dict[str, list[str]], runs: int, env: dict[str, str]) -> dict[str, list[float]]:
+def baseline_commands(tree: Path) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """`vaccel run` and `vaccel status` from another checkout (e.g. before a change), with the
+    same interpreter and launcher: its client and shared code come first on the path."""
+    cmds = commands(with_srun=False)
+    label = f" [{tree.name}]"
+    return ({RUN + label: cmds[RUN], STATUS + label: cmds[STATUS]},
+            {"PYTHONPATH": f"{tree / 'client'}{os.pathsep}{tree}"})
+
+
+def time_commands(cmds: dict[str, list[str]], runs: int, env: dict[str, str],
+                  extra_env: dict[str, dict[str, str]] | None = None) -> dict[str, list[float]]:
     """Each command `runs` times, round-robin; wall seconds from spawn to exit."""
     times: dict[str, list[float]] = {name: [] for name in cmds}
+    extra_env = extra_env or {}
     for _ in range(runs):
         for name, argv in cmds.items():
             start = time.perf_counter()
-            done = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60)
+            done = subprocess.run(argv, env={**env, **extra_env.get(name, {})}, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, timeout=60)
             took = time.perf_counter() - start
             if done.returncode != 0:
                 raise BenchError(f"{name} exited {done.returncode}: {done.stderr.decode(errors='replace')[-500:]}")
@@ -106,7 +119,7 @@ def time_commands(cmds: dict[str, list[str]], runs: int, env: dict[str, str]) ->
     return times
 
 
-def run(runs: int) -> dict[str, Any]:
+def run(runs: int, baseline: Path | None = None) -> dict[str, Any]:
     bench = Bench(1, 1, Sizes(single_ops=0, ops_per_thread=0, warmup=0))
     try:
         socket_path = bench.start_broker(devices=4)
@@ -119,8 +132,13 @@ def run(runs: int) -> dict[str, Any]:
             if isinstance(cluster, SlurmCluster):
                 env["SLURM_CONF"] = str(cluster.conf)
             cmds = commands(with_srun=isinstance(cluster, SlurmCluster))
-            time_commands(cmds, 1, env)  # warm the page cache, the daemon and Slurm
-            times = time_commands(cmds, runs, env)
+            extra_env: dict[str, dict[str, str]] = {}
+            if baseline is not None:
+                old, old_env = baseline_commands(baseline)
+                cmds.update(old)
+                extra_env = {name: old_env for name in old}
+            time_commands(cmds, 1, env, extra_env)  # warm the page cache, the daemon and Slurm
+            times = time_commands(cmds, runs, env, extra_env)
             slurm = "started: single node, 4 fake GPUs (bench/testbeds/slurm.py)" if isinstance(cluster, SlurmCluster) \
                 else cluster
     finally:
@@ -156,10 +174,10 @@ def render(result: dict[str, Any]) -> str:
         f"vaccel = {' '.join(result['vaccel'])}",
         f"slurm: {result['slurm']}",
         "",
-        f"{'command':<34}{'p50 ms':>9}{'p90 ms':>9}{'min ms':>9}{'x pass':>9}{'x srun':>9}",
+        f"{'command':<42}{'p50 ms':>9}{'p90 ms':>9}{'min ms':>9}{'x pass':>9}{'x srun':>9}",
     ]
     for name, row in result["figures"].items():
-        lines.append(f"{name:<34}{row['p50_ms']:>9.1f}{row['p90_ms']:>9.1f}{row['min_ms']:>9.1f}"
+        lines.append(f"{name:<42}{row['p50_ms']:>9.1f}{row['p90_ms']:>9.1f}{row['min_ms']:>9.1f}"
                      f"{_ratio(row['x_pass'])}{_ratio(row['x_srun'])}")
     goals = result["goals"]
     status_goal, run_goal = goals["status_at_most_1.5x_python_pass"], goals["run_at_most_1.0x_srun"]
@@ -179,6 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=20, help="runs of each command (default 20)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--baseline", type=Path, metavar="TREE",
+                        help="also time vaccel run and vaccel status from this checkout (e.g. a git worktree of the "
+                             "commit before a change), interleaved with the rest")
     return parser
 
 
@@ -187,7 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.runs < 1:
         print("bench: --runs must be at least 1", file=sys.stderr)
         return 2
-    return print_outcome(lambda: run(args.runs), render, args.json)
+    if args.baseline is not None and not (args.baseline / "client" / "vaccel" / "entry.py").is_file():
+        print(f"bench: --baseline {args.baseline}: not a vaccel checkout (no client/vaccel/entry.py)", file=sys.stderr)
+        return 2
+    return print_outcome(lambda: run(args.runs, args.baseline), render, args.json)
 
 
 if __name__ == "__main__":

@@ -104,7 +104,7 @@ class Daemon:
 
 def queue_order(daemon: Daemon) -> list[str] | None:
     """The broker's queue, by request id, or None when it does not answer."""
-    from vaccel.connection import BrokerConnection, BrokerUnavailable
+    from vaccel.session.connection import BrokerConnection, BrokerUnavailable
 
     from vaccel_common.v1 import broker_pb2 as pb
 

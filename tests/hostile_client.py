@@ -29,7 +29,7 @@ from collections import Counter
 from pathlib import Path
 
 import grpc
-from vaccel.connection import BrokerConnection
+from vaccel.session.connection import BrokerConnection
 
 from vaccel_common.auth import TOKEN_METADATA_KEY
 from vaccel_common.paths import identity_socket

@@ -233,7 +233,7 @@ def test_amp_config_drives_the_accelerator(tmp_path: Path) -> None:
 
 
 def test_report_ends_in_success_only_when_nothing_failed() -> None:
-    from vaccel.check_report import render_check, render_line
+    from vaccel.contract.report import render_check, render_line
 
     info = pb.CheckLine(level="INFO", name="rocm_config", message="not applicable")
     assert render_line(info) == "[INFO] rocm_config: not applicable"

@@ -126,7 +126,7 @@ def test_sigkill_of_vaccel_run_kills_the_command_and_frees_the_device(broker: Br
                             f"echo $$ > {pidfile}; exec sleep 60"], env=broker.env, stderr=subprocess.PIPE)
     wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() and leased(broker))
     child = int(pidfile.read_text())
-    from vaccel.connection import BrokerConnection
+    from vaccel.session.connection import BrokerConnection
 
     from vaccel_common.v1 import broker_pb2 as pb
 
@@ -311,7 +311,7 @@ def test_unreachable_broker_is_a_clear_error(tmp_path: Path):
 
 @pytest.fixture
 def connection(broker: Broker):
-    from vaccel.connection import BrokerConnection
+    from vaccel.session.connection import BrokerConnection
 
     conn = BrokerConnection(broker.socket)
     yield conn

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vaccel.check_report import check_exit_code, render_check, render_line
+from vaccel.contract.report import check_exit_code, render_check, render_line
 
 from brokerd.contract import evaluate
 from brokerd.contract.convert import check_line_to_proto

@@ -13,11 +13,11 @@ from tests.conftest import Broker
 # Heavy and not needed without a contract or --json: torch (facts), yaml (contract files),
 # protobuf's JSON mapping, and lease() machinery. Nor grpc (85-110 ms: these calls go over
 # the identity socket, vaccel_common/side_call.py) or dataclasses (11 ms: it imports inspect).
-NOT_ON_THE_PATH = ("torch", "yaml", "google.protobuf.json_format", "vaccel.leasing", "vaccel.facts", "grpc",
+NOT_ON_THE_PATH = ("torch", "yaml", "google.protobuf.json_format", "vaccel.leasing", "vaccel.contract.facts", "grpc",
                    "dataclasses")
 # Nor, without --json, the rest of protobuf's Python layer (~25 ms: the classes come from
 # upb, vaccel_common/proto_loader.py), pathlib (~9 ms with urllib.parse and ipaddress) or
-# shutil (~3.5 ms: argparse's formatter asks it for the width, vaccel/cli_parser.py).
+# shutil (~3.5 ms: argparse's formatter asks it for the width, vaccel/cli/parser.py).
 NOR_WITHOUT_JSON = ("google.protobuf.text_format", "google.protobuf.internal.python_message",
                     "google.protobuf.descriptor_pool", "pathlib", "shutil")
 
@@ -26,7 +26,7 @@ def _loaded_after(broker: Broker, argv: list[str], cwd: Path) -> tuple[int, list
     """Run the CLI in-process in a fresh interpreter (in `cwd`: no contract files there)."""
     code = textwrap.dedent(f"""
         import json, sys
-        from vaccel import cli
+        from vaccel.cli import full as cli
         rc = cli.main({argv!r})
         print(json.dumps([rc, [m for m in {NOT_ON_THE_PATH + NOR_WITHOUT_JSON!r} if m in sys.modules]]))
     """)

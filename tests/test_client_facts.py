@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 from vaccel.accelerator.introspect import backend_for_archs, split_arch_list
-from vaccel.facts import FAKE_ARCHS_ENV, FAKE_BACKEND_ENV, gather_facts
+from vaccel.contract.facts import FAKE_ARCHS_ENV, FAKE_BACKEND_ENV, gather_facts
 
 from brokerd.contract import evaluate
 from brokerd.contract.convert import facts_from_proto, requirement_from_request
@@ -56,7 +56,7 @@ def test_gathering_starts_no_device_runtime() -> None:
 
 
 def test_without_torch_inspection_torch_is_not_imported() -> None:
-    code = ("import sys; from vaccel.facts import gather_facts; f = gather_facts(['pyyaml'], "
+    code = ("import sys; from vaccel.contract.facts import gather_facts; f = gather_facts(['pyyaml'], "
             "inspect_torch=False); assert 'torch' not in sys.modules, 'imported torch'; "
             "assert f.torch_version == '' and f.packages['pyyaml']; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

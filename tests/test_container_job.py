@@ -1,5 +1,5 @@
 """Inside a container or pod that its runtime gave GPUs and that reaches no broker, those GPUs
-are the lease (client/vaccel/container_job.py): on a fake root with real character nodes of the
+are the lease (client/vaccel/containers/job.py): on a fake root with real character nodes of the
 GPU driver's major (no driver behind them: a simulated lease), then in a real `docker run
 --device` of the private dockerd (tests/container_engine.py), as `docker run --gpus 1` would
 give a GPU, with no broker socket in the container.
@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from vaccel import container_job
-from vaccel.lease_types import LeaseError
+from vaccel.containers import job as container_job
+from vaccel.session.lease import LeaseError
 
 from tests.container_engine import IMAGE, DockerEngine
 from tests.test_containers_run import docker_run, gpu_nodes  # noqa: F401 - gpu_nodes: fixture

@@ -1,6 +1,6 @@
 """The client side of `vaccel run -- docker run ...`, without an engine: reading the engine's
-command exactly (client/vaccel/containers.py), the refusals (container_rules.py) and the
-options that apply a lease (container_argv.py). tests/test_containers_run.py runs the real thing.
+command exactly (client/vaccel/containers/engine_command.py), the refusals (containers/rules.py) and the
+options that apply a lease (containers/argv.py). tests/test_containers_run.py runs the real thing.
 """
 
 from __future__ import annotations
@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from vaccel import cli, container_options, container_rules
-from vaccel.container_argv import ContainerLease, LeasedDevice, apply, container_env
-from vaccel.containers import ENGINE_PROGRAMS, ContainerRefused, ContainerRun, recognise
+from vaccel.cli import full as cli
+from vaccel.containers import options as container_options
+from vaccel.containers import rules as container_rules
+from vaccel.containers.argv import ContainerLease, LeasedDevice, apply, container_env
+from vaccel.containers.engine_command import ENGINE_PROGRAMS, ContainerRefused, ContainerRun, recognise
 
 
 def run_of(*argv: str) -> ContainerRun:

@@ -188,8 +188,9 @@ def test_a_client_naming_another_container_or_a_host_process_gets_nothing(host: 
                                  check=True).stdout.strip()
     bystander = subprocess.Popen(["sleep", "600"])
     code = (
-        "import grpc, sys\nfrom vaccel.connection import BrokerConnection\nfrom vaccel.session import LeaseSession\n"
-        "from vaccel.session import LeaseRequest\nfrom vaccel_common.v1 import broker_pb2 as pb\n"
+        "import grpc, sys\nfrom vaccel.session.connection import BrokerConnection\n"
+        "from vaccel.session.lease_session import LeaseRequest, LeaseSession\n"
+        "from vaccel_common.v1 import broker_pb2 as pb\n"
         "with LeaseSession(None) as session:\n"
         "    lease = session.acquire(LeaseRequest(wait=False))\n"
         "    session.start_heartbeat()\n"

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-from vaccel.contract_files import ContractFileError, dependency_names, load_contract_files
+from vaccel.contract.files import ContractFileError, dependency_names, load_contract_files
 
 SPEC = """\
 required_features: [{gpu_compute_capability: sm_80}]

@@ -115,7 +115,7 @@ def test_a_burst_of_grants_sends_systemd_a_few_status_lines_and_the_last_state(n
                                    stderr=subprocess.STDOUT)
     listener.read("READY=1")
     listener.read("STATUS=")
-    cycles = ("from vaccel.session import LeaseRequest, LeaseSession\n"
+    cycles = ("from vaccel.session.lease_session import LeaseRequest, LeaseSession\n"
               "with LeaseSession() as s:\n"
               "    for _ in range(60):\n"
               "        s.acquire(LeaseRequest(gpus=1)); s.release()\n")

@@ -13,7 +13,7 @@ from tests.test_broker_integration import status
 
 @pytest.fixture
 def connection(broker: Broker):
-    from vaccel.connection import BrokerConnection
+    from vaccel.session.connection import BrokerConnection
 
     conn = BrokerConnection(broker.socket)
     yield conn
@@ -64,7 +64,7 @@ def test_a_free_host_grants_in_one_unary_call_and_a_full_one_queues_nothing(brok
 def test_the_client_waits_on_the_stream_only_when_it_must(broker: Broker, connection):
     import threading
 
-    from vaccel.acquisition import Acquisition
+    from vaccel.session.acquisition import Acquisition
 
     from vaccel_common.v1 import broker_pb2 as pb
 
@@ -123,7 +123,7 @@ def test_a_broker_that_said_wait_then_restarts_is_waited_for_as_a_restart(monkey
     test, so the transport here is a stand-in that answers as the real one does."""
     import time
 
-    from vaccel import acquisition
+    from vaccel.session import acquisition
 
     from vaccel_common.v1 import broker_pb2 as pb
 

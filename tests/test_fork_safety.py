@@ -51,7 +51,7 @@ def test_dataloader_fork_workers_under_a_lease(broker: Broker):
 
 CHILD_WITHOUT_LEASE = textwrap.dedent("""
     import os, vaccel
-    from vaccel.connection import BrokerConnection
+    from vaccel.session.connection import BrokerConnection
     from vaccel_common.v1 import broker_pb2 as pb
     BrokerConnection(side_calls=False).call("Status", pb.StatusRequest())   # the parent uses gRPC
     pid = os.fork()

@@ -162,7 +162,7 @@ def test_printable_escapes_control_bytes_visibly():
 
 
 def test_the_cli_text_output_escapes_what_others_set():
-    from vaccel import cli_common as cli
+    from vaccel.cli import common as cli
 
     from vaccel_common.status_text import table as text_table
 

@@ -10,8 +10,8 @@ import sys
 import time
 
 import pytest
-from vaccel.inside_lease import part_asked
-from vaccel.lease_types import LeaseError
+from vaccel.session.inside import part_asked
+from vaccel.session.lease import LeaseError
 
 from tests.conftest import Broker
 from tests.test_broker_integration import status

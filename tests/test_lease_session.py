@@ -1,4 +1,4 @@
-"""The client's one lease session (vaccel.session): request building, the wait mapping,
+"""The client's one lease session (vaccel.session.lease_session): request building, the wait mapping,
 the Acquire stream, heartbeat and loss, release. Unit tests with fake calls first, then
 the session against the real daemon on the simulated 4-GPU lab."""
 
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import grpc
 import pytest
-from vaccel import facts
-from vaccel.acquisition import read_acquire
-from vaccel.connection import BrokerUnavailable
-from vaccel.lease_types import Lease, LeaseError
-from vaccel.session import LeaseRequest, LeaseSession, wait_fields
+from vaccel.contract import facts
+from vaccel.session.acquisition import read_acquire
+from vaccel.session.connection import BrokerUnavailable
+from vaccel.session.lease import Lease, LeaseError
+from vaccel.session.lease_session import LeaseRequest, LeaseSession, wait_fields
 
 from tests.conftest import Broker
 from vaccel_common.v1 import broker_pb2 as pb
@@ -335,7 +335,7 @@ def test_a_broker_that_hangs_up_before_the_token_is_unavailable(tmp_path: Path) 
     broker that cannot be reached right now, never a crash of the client."""
     import socket as sockets
 
-    from vaccel.connection import BrokerConnection
+    from vaccel.session.connection import BrokerConnection
 
     grpc_socket = tmp_path / "brokerd.sock"
     listener = sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM)

@@ -145,9 +145,9 @@ def test_another_user_cannot_release_heartbeat_or_join(root_broker: Broker, stag
         r = subprocess.run([sys.executable, "-c", code], user="vaccel-bob", env=env, cwd="/", capture_output=True,
                            text=True, timeout=60)
         assert r.returncode != 0 and "only its holder" in r.stderr
-        from vaccel.connection import BrokerConnection  # noqa: F401 - imported to prove the module is importable
+        from vaccel.session.connection import BrokerConnection  # noqa: F401 - imported to prove the module is importable
 
-        hb = ("import grpc\nfrom vaccel.connection import BrokerConnection\n"
+        hb = ("import grpc\nfrom vaccel.session.connection import BrokerConnection\n"
               "from vaccel_common.v1 import broker_pb2 as pb\n"
               f"c = BrokerConnection()\ntry:\n    c.call('Heartbeat', pb.LeaseRef(lease_id='{lease_id}'))\n"
               "except grpc.RpcError as e:\n    print(e.code().name)\n")

@@ -3,6 +3,7 @@ vendor names stay in probes and accelerator backends, and the daemon never impor
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -118,6 +119,34 @@ def test_the_daemon_imports_only_down_its_layers():
     assert upward == []
     top = sorted(p.name for p in (ROOT / "brokerd").iterdir() if p.name != "__pycache__")
     assert top == sorted(["__init__.py", "__main__.py", *LAYERS])
+
+
+# The client's layers, lowest first (each package's __init__ says what it owns): a module may
+# import its own layer and those below it. The library's modules (vaccel.leasing, vaccel.current
+# and the package root) sit between the machinery and the command line; vaccel.entry and
+# `python -m vaccel` on top.
+CLIENT_LAYERS = (("accelerator",), ("contract",), ("session",), ("slurm",), ("containers",), ("run",),
+                 ("", "leasing", "current"), ("cli",), ("kernel",), ("entry", "__main__"))
+
+
+def _client_layer(module: str) -> int:
+    part = module.split(".")[1] if "." in module else ""
+    return next(i for i, names in enumerate(CLIENT_LAYERS) if part in names)
+
+
+def test_the_client_imports_only_down_its_layers():
+    from tests.import_graph import edges
+
+    upward = [f"{module} -> {target}" for module, targets in edges().items() if module.split(".")[0] == "vaccel"
+              for target in targets
+              if target.split(".")[0] == "vaccel" and _client_layer(target) > _client_layer(module)]
+    assert upward == []
+    top = sorted(p.name for p in (ROOT / "client" / "vaccel").iterdir() if p.name != "__pycache__")
+    assert len(top) <= 16, top
+    packages = [p for p in (ROOT / "client" / "vaccel").rglob("__init__.py") if "__pycache__" not in p.parts]
+    # Every package says what it owns and what it may import.
+    assert [str(p) for p in packages
+            if "may import" not in (ast.get_docstring(ast.parse(p.read_text())) or "").lower()] == []
 
 
 def test_no_module_over_400_lines():

@@ -1,4 +1,4 @@
-"""A plain `vaccel run` at the interpreter's floor (issue 36, part 3): vaccel/quick_run.py
+"""A plain `vaccel run` at the interpreter's floor (issue 36, part 3): vaccel/run/quick_run.py
 asks for a ready-made grant (brokerd/edge/views.py), runs the command, and releases, or
 hands a longer command to the runner. The user must not be able to tell which path ran:
 each test runs the entry point (vaccel/entry.py) and the full CLI and compares what they
@@ -21,8 +21,10 @@ from tests.test_multiuser import as_user, root_broker, staged, wait_for  # noqa:
 
 ENTRY = [sys.executable, "-m", "vaccel.entry"]
 FULL = [sys.executable, "-m", "vaccel.cli"]
-# What a quick `vaccel run` may import beyond the interpreter's start (vaccel/quick_run.py's docstring).
-JUSTIFIED = {"vaccel", "vaccel.quick_run", "vaccel.forked", "vaccel.identity_calls", "vaccel.command_path",
+# What a quick `vaccel run` may import beyond the interpreter's start (vaccel/run/quick_run.py's docstring).
+# The packages vaccel.run and vaccel.session are docstrings only (their __init__ imports nothing).
+JUSTIFIED = {"vaccel", "vaccel.run", "vaccel.run.quick_run", "vaccel.run.forked", "vaccel.session",
+             "vaccel.session.identity_calls", "vaccel.run.command_path",
              "vaccel_common", "vaccel_common.paths", "vaccel_common.side_call", "_socket", "__future__",
              "ctypes", "_ctypes", "ctypes._endian", "struct", "_struct", "types"}  # ctypes and what it imports
 
@@ -40,8 +42,10 @@ def both(argv: list[str], env: dict[str, str], cwd: str = "/") -> tuple[tuple, t
 
 
 def test_the_wire_and_the_names_are_the_full_clients():
-    from vaccel import cli, contract_files, quick_run, runner
-    from vaccel.session import LeaseRequest
+    from vaccel.cli import full as cli
+    from vaccel.contract import files as contract_files
+    from vaccel.run import quick_run, runner
+    from vaccel.session.lease_session import LeaseRequest
 
     from vaccel_common.side_call import acquire_request, release_request
     from vaccel_common.v1 import broker_pb2 as pb
@@ -65,7 +69,7 @@ def test_the_wire_and_the_names_are_the_full_clients():
     (["run", "--"], None), (["run", "--help"], None), (["status"], None), (["--gpus", "1", "run", "true"], None),
 ])
 def test_what_the_quick_path_reads(argv: list[str], read: tuple | None):
-    from vaccel.quick_run import run_asked
+    from vaccel.run.quick_run import run_asked
 
     assert run_asked(argv) == read
 
@@ -116,7 +120,7 @@ def test_a_killed_quick_run_frees_its_gpu_and_takes_its_command_along(broker: Br
 
 def test_what_the_quick_path_does_not_run_the_full_runner_does(broker: Broker, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch):
-    from vaccel import quick_run
+    from vaccel.run import quick_run
 
     # A request that must wait: the quick path is told so (nothing queued) and the full CLI waits in line.
     holder = subprocess.Popen([*FULL, "run", "-q", "--gpus", "4", "--", "sleep", "2"], env=broker.env,
@@ -145,7 +149,7 @@ def test_a_quick_run_imports_only_what_it_needs(broker: Broker):
     code = f"""
 import sys
 before = set(sys.modules)
-from vaccel import quick_run
+from vaccel.run import quick_run
 rc = quick_run.run(["run", "-q", "--", "true"])
 print(rc, sorted(set(sys.modules) - before - {JUSTIFIED!r}))
 """

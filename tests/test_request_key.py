@@ -2,7 +2,7 @@
 
 A client that loses the reply to a TryAcquire (the daemon died after the grant's commit
 and before its answer, or the connection dropped) asks again under the same request key
-(client/vaccel/acquisition.py). The lease it was granted is on disk and held by that very
+(client/vaccel/session/acquisition.py). The lease it was granted is on disk and held by that very
 process: the ask must get that lease back, not a second one that would sit on another
 device until the process exits. Another process's ask under the same key is a new request
 (the key is matched together with the kernel's word on who asks).

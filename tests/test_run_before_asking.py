@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from vaccel.command_path import CommandNotFound, find_command
+from vaccel.run.command_path import CommandNotFound, find_command
 
 from tests.conftest import ROOT, Broker
 from tests.test_broker_integration import leased, status, wait_for

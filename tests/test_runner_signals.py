@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
-from vaccel import runner
+from vaccel.run import runner
 
 from tests.conftest import Broker
 
@@ -67,7 +67,7 @@ def test_a_stop_and_continue_during_the_wait_yields_only_real_signals(tmp_path: 
     out = tmp_path / "seen"
     code = textwrap.dedent(f"""
         import signal, sys
-        from vaccel import runner
+        from vaccel.run import runner
         signal.pthread_sigmask(signal.SIG_BLOCK, runner._WAITED)
         print("ready", flush=True)
         seen = []

@@ -122,7 +122,7 @@ def test_only_the_holders_user_can_enter_the_lease(root_broker: Broker, staged: 
 
 
 def test_the_rcfile_quotes_what_it_exports():
-    from vaccel.shell import bash_rc
+    from vaccel.cli.shell import bash_rc
 
     rc = bash_rc({"VACCEL_LEASE_ID": "l-1", "VACCEL_PROMPT": "(vaccel gpu0) ", "VACCEL_X": "a'b $c"}, 9)
     done = subprocess.run(["bash", "-c", rc.replace("exec 9<&-", "") + 'printf "%s|%s" "$VACCEL_X" "$PS1"'],

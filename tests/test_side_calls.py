@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from vaccel.connection import BrokerConnection
+from vaccel.session.connection import BrokerConnection
 
 from tests.conftest import Broker
 from tests.hostile_client import side_exchange
@@ -152,7 +152,7 @@ def test_a_broker_that_predates_side_calls_is_asked_over_grpc(broker: Broker, tm
 
 
 def test_the_side_methods_are_unary_methods_the_client_knows_the_replies_of():
-    from vaccel import connection
+    from vaccel.session import connection
 
     from brokerd.edge.views import RENDERERS
 
@@ -167,8 +167,25 @@ def test_the_side_methods_are_unary_methods_the_client_knows_the_replies_of():
             assert method.output_type.full_name == connection._SIDE_REPLIES[name].DESCRIPTOR.full_name
 
 
-def test_a_process_that_has_imported_grpc_uses_its_channel(broker: Broker):
+def test_a_process_that_has_imported_grpc_takes_and_gives_back_a_lease_on_the_identity_socket(broker: Broker):
+    """Issue 45: a short lease is the same two round trips whether or not the process has
+    imported grpc (tensorboard, ray and wandb do); no channel is opened for it."""
+    from vaccel.session.lease_session import LeaseRequest, LeaseSession
+
     assert "grpc" in sys.modules  # pytest's process: the fixtures and other tests import it
+    with LeaseSession(broker.socket) as session:
+        held = session.acquire(LeaseRequest(wait=False))
+        assert held.devices
+        assert session.release()
+        assert session.connection._channel is None
+    assert not [line for line in broker.vaccel("status").stdout.splitlines() if held.id in line]
+
+
+def test_once_a_connection_has_a_channel_its_calls_use_it(broker: Broker):
+    """A lease that lives on opens the channel with its first heartbeat; every call of that
+    connection then goes over it (one connection, not one per call)."""
     conn = BrokerConnection(broker.socket)
-    assert conn.call("Status", pb.StatusRequest()).devices
+    assert conn.wait_ready(10)
     assert conn._channel is not None
+    assert conn.side_call("Status", pb.StatusRequest(), timeout=10) is None
+    assert conn.call("Status", pb.StatusRequest()).devices

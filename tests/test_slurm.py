@@ -1,4 +1,4 @@
-"""Inside a Slurm job the job's allocation is the lease (client/vaccel/slurm_job.py), on a
+"""Inside a Slurm job the job's allocation is the lease (client/vaccel/slurm/job.py), on a
 real single-node Slurm (bench/testbeds/slurm.py): four fake GPUs, no vaccel broker unless a
 test starts one. Every job runs as root with this interpreter."""
 

@@ -1,5 +1,5 @@
 """A node Slurm also manages (`[slurm] mode = "delegate"`, brokerd/addons/slurm/) and a login node
-(`mode = "submit"`, client/vaccel/slurm_submit.py), on a real single-node Slurm
+(`mode = "submit"`, client/vaccel/slurm/submit.py), on a real single-node Slurm
 (bench/testbeds/slurm.py: four fake GPUs) with a real broker as root and real users
 (tests/test_multiuser.py's helpers): Slurm is the only allocator, vaccel's leases are
 Slurm jobs of the requesting user, bound to the requesting process."""

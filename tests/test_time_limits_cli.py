@@ -8,7 +8,7 @@ import json
 import sys
 
 import pytest
-from vaccel.cli_common import CliError, time_arg
+from vaccel.cli.common import CliError, time_arg
 
 from tests.conftest import Broker
 from vaccel_common.units import parse_time_limit

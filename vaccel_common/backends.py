@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 class ContainerFacts(NamedTuple):
-    """How a container engine is handed one backend's devices (client/vaccel/containers.py
+    """How a container engine is handed one backend's devices (client/vaccel/containers/engine_command.py
     applies these; it names no vendor itself). A simulated device gets its `device_nodes`
     whatever its backend: there is no real device for a vendor's toolkit to find."""
 
@@ -293,7 +293,7 @@ def memory_settings(accelerator_config_yaml: str, backend_name: str) -> tuple[in
 
 def granted_env(msg: pb.Lease) -> dict[str, str]:
     """`lease_env` of a granted lease message: what the client's Lease applies
-    (vaccel/lease_types.py), and what the broker sends a ready-made `vaccel run`
+    (vaccel/session/lease.py), and what the broker sends a ready-made `vaccel run`
     (brokerd/edge/views.py), computed once here for both."""
     pool_mib, unified_memory = memory_settings(msg.accelerator_config_yaml, msg.backend)
     return lease_env(

@@ -1,7 +1,7 @@
 """What `vaccel run` says on stderr when it has its lease (each line after "vaccel: "):
 which devices, and the broker's warnings. Shared so that the full runner
-(vaccel/runner.py) and the broker's ready-made grant (brokerd/edge/views.py, for
-vaccel/quick_run.py) say it in the same words.
+(vaccel/run/runner.py) and the broker's ready-made grant (brokerd/edge/views.py, for
+vaccel/run/quick_run.py) say it in the same words.
 """
 
 from __future__ import annotations

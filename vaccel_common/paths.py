@@ -15,7 +15,7 @@ import stat
 
 SYSTEM_SOCKET = "/run/vaccel/brokerd.sock"
 # The broker host's config, which clients read too: a login node's [slurm] mode = "submit"
-# sends `vaccel run` to Slurm (vaccel/slurm_submit.py, vaccel/quick_run.py).
+# sends `vaccel run` to Slurm (vaccel/slurm/submit.py, vaccel/run/quick_run.py).
 BROKER_CONFIG_ENV = "VACCEL_BROKER_CONFIG"
 BROKER_CONFIG = "/etc/vaccel/brokerd.toml"
 

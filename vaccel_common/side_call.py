@@ -19,7 +19,7 @@ past the daemon's bounds is not read), makes the same call over gRPC.
 
 Views: a few methods answer with what the CLI prints or uses instead of a message, so
 that a `vaccel status` or a plain `vaccel run` needs neither protobuf nor the CLI's
-renderers (vaccel/entry.py, vaccel/quick_run.py). A view runs the servicer method it
+renderers (vaccel/entry.py, vaccel/run/quick_run.py). A view runs the servicer method it
 names in VIEWS (same token, same checks, same bounds) and renders its reply with the
 CLI's own code (brokerd/edge/views.py). A view's request is that method's request
 message (the two a plain `vaccel run` sends are written here: `acquire_request`,
@@ -29,7 +29,7 @@ message (the two a plain `vaccel run` sends are written here: `acquire_request`,
   `local_text`);
 - RunNow (TryAcquire): `packed` fields: b"wait" (nothing was granted, nothing queued), or
   b"granted", the lease id, the grant's stderr lines (NUL-separated), the AcquireUpdate itself (for the
-  full runner, vaccel/runner.py, when the command outlives the quick path), the
+  full runner, vaccel/run/runner.py, when the command outlives the quick path), the
   variables to set ("K=V" NUL-separated), those to remove (NUL-separated), and the
   heartbeat interval in seconds.
 """
@@ -136,7 +136,7 @@ def _string(field: int, text: str) -> bytes:
 
 
 def acquire_request(gpus: int, command: str, request_key: str) -> bytes:
-    """The AcquireRequest a plain `vaccel run --gpus N -- CMD` sends (vaccel/session.py
+    """The AcquireRequest a plain `vaccel run --gpus N -- CMD` sends (vaccel/session/lease_session.py
     LeaseRequest.build: wait forever, no contract), serialized without protobuf:
     gpus = 1, wait_forever = 4, command = 10, request_key = 11 (proto/vaccel/v1/broker.proto;
     tests/test_quick_run.py checks the bytes against protobuf's)."""

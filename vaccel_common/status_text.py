@@ -151,7 +151,7 @@ def _status_lines(reply: pb.StatusReply, every: bool = False) -> tuple[list[str]
         for p in reply.unleased_processes:
             out.append(f"{index.get(p.device_uuid, 'gpu?')}: IN USE WITHOUT LEASE by {p.user or p.uid}: "
                        f"pid {p.pid} {p.command}, {format_mib(p.used_memory_mib)}")
-    # As the CLI shows every text (vaccel/cli_common.py shown()): line by line, nothing unprintable.
+    # As the CLI shows every text (vaccel/cli/common.py shown()): line by line, nothing unprintable.
     return [printable(line) for part in out for line in part.split("\n")], marks
 
 

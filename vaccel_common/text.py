@@ -5,7 +5,7 @@ user's terminal nor start a forged log line, and an admin still sees what was se
 
 The daemon keeps and sends such text exactly as it came (`--json` output shows it as
 it is); it is escaped where it is shown: the daemon's log lines (brokerd/base/journal.py) and
-the CLI's text output (vaccel/cli.py).
+the CLI's text output (vaccel/cli/full.py).
 """
 
 from __future__ import annotations

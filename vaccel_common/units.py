@@ -62,7 +62,7 @@ def parse_duration(value: str | int | float) -> float:
 
 # Slurm's --time forms (sbatch(1)): MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS. Its bare
 # "MM" is not here: a bare number is seconds to parse_duration and minutes to Slurm, so the
-# CLI refuses it with a hint instead of guessing (vaccel/cli_common.py: time_arg).
+# CLI refuses it with a hint instead of guessing (vaccel/cli/common.py: time_arg).
 _SLURM_TIME_RE = re.compile(r"^(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(?:(\d+):)?(\d+):(\d+))$")
 
 

@@ -19,8 +19,8 @@ import threading
 import time
 from typing import Any
 
-from vaccel.lease_types import Lease, LeaseError
-from vaccel.session import LeaseRequest, LeaseSession
+from vaccel.session.lease import Lease, LeaseError
+from vaccel.session.lease_session import LeaseRequest, LeaseSession
 
 _print_lock = threading.Lock()
 

@@ -31,7 +31,7 @@ from brokerd.state.queue_record import WaitRecord, WaitRecords
 from brokerd.state.store import LeaseStore
 
 # How long a request restored at start-up waits for its client to come back to it. A
-# client reconnects within seconds of the broker's return (client/vaccel/session.py).
+# client reconnects within seconds of the broker's return (client/vaccel/session/lease_session.py).
 REATTACH_GRACE_S = 60.0
 
 

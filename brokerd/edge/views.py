@@ -1,7 +1,7 @@
 """The views a short-lived `vaccel` asks for on the identity socket
 (vaccel_common/side_call.py VIEWS): the reply the servicer's own method gave this caller,
 rendered as the full CLI would use it, so that the client needs neither protobuf nor the
-CLI's renderers (vaccel/entry.py, vaccel/quick_run.py).
+CLI's renderers (vaccel/entry.py, vaccel/run/quick_run.py).
 
 - StatusText, StatusJson: `vaccel status` and `vaccel status --json` with the CLI's own
   code (vaccel_common/status_text.py, status_json.py); only the clock of each lease's start

@@ -20,7 +20,7 @@ from vaccel import leasing
 
 if TYPE_CHECKING:
     from vaccel.accelerator import Accelerator
-    from vaccel.lease_types import Lease
+    from vaccel.session.lease import Lease
 
 
 def current_lease() -> Lease | None:
@@ -35,7 +35,8 @@ def current_lease() -> Lease | None:
     # so that using it raises LeaseLost rather than quietly falling back to the CPU.
     for pid, entered in reversed(list(leasing._ENTERED.values())):
         return entered if pid == os.getpid() else entered.forked_view()
-    from vaccel import container_job, slurm_job
+    from vaccel.containers import job as container_job
+    from vaccel.slurm import job as slurm_job
 
     return slurm_job.job_lease() or container_job.container_lease()
 

@@ -1,5 +1,5 @@
 """The `vaccel` command's entry point: `vaccel status` answered ready-made, a plain
-`vaccel run` by vaccel/quick_run.py, everything else by the full CLI (vaccel/cli.py).
+`vaccel run` by vaccel/run/quick_run.py, everything else by the full CLI (vaccel/cli/full.py).
 
 `python -c pass` takes ~10 ms on a 2-core machine; importing argparse, protobuf and the
 renderer took a `vaccel status` to ~40 ms. Here it costs what the interpreter costs plus
@@ -7,7 +7,7 @@ one connection: the broker renders the text (or the JSON) for this caller with t
 own code (a view on the identity socket: vaccel_common/side_call.py), and this module
 prints it. So every import here is one the answer cannot do without:
   - vaccel_common.paths: where the broker is (the one rule every client follows);
-  - vaccel.identity_calls, vaccel_common.side_call: one call on the identity socket, the
+  - vaccel.session.identity_calls, vaccel_common.side_call: one call on the identity socket, the
     view's clocks;
   - _socket: the socket itself (`socket` would bring enum, ~5 ms, for nothing used here).
 Not even typing: annotations here are the builtins'.
@@ -36,14 +36,14 @@ def main() -> None:
             if text is not None:
                 os._exit(_print(text))
         elif "run" in words:
-            from vaccel import quick_run
+            from vaccel.run import quick_run
 
             code = quick_run.run(words)
             if code is not None:
                 os._exit(_flushed(code))
     except KeyboardInterrupt:  # Ctrl-C before anything was asked or granted: as the full CLI exits
         os._exit(130)
-    from vaccel.cli import main as full_cli
+    from vaccel.cli.full import main as full_cli
 
     full_cli()  # ends the process
 
@@ -71,7 +71,7 @@ def status_asked(words: list[str]) -> tuple[str | None, bool] | None:
 
 def ready_made(socket_arg: str | None, as_json: bool) -> str | None:
     """The broker's rendering of this caller's status, or None for the full CLI to ask."""
-    from vaccel.identity_calls import ask, folder_is_safe
+    from vaccel.session.identity_calls import ask, folder_is_safe
     from vaccel_common.paths import client_socket, identity_socket
 
     path = client_socket(socket_arg)
@@ -91,14 +91,14 @@ def _print(text: str) -> int:
     try:
         sys.stdout.write(text + "\n")
     except UnicodeEncodeError:  # nothing written yet: let the full CLI fail as it fails
-        from vaccel.cli import main as full_cli
+        from vaccel.cli.full import main as full_cli
 
         full_cli()
     return _flushed(0)
 
 
 def _flushed(code: int) -> int:
-    """`code`, once stdout and stderr are out (vaccel/cli.py _exit_now's rules: a reader
+    """`code`, once stdout and stderr are out (vaccel/cli/full.py _exit_now's rules: a reader
     that left is fine, a failed write is not)."""
     try:
         sys.stdout.flush()

@@ -29,8 +29,8 @@ from collections.abc import Callable, Sequence
 from types import FrameType, TracebackType
 from typing import Any
 
-from vaccel.lease_types import DeviceInfo, Lease, LeaseEnding, LeaseError, LeaseLost
-from vaccel.session import LeaseRequest, LeaseSession
+from vaccel.session.lease import DeviceInfo, Lease, LeaseEnding, LeaseError, LeaseLost
+from vaccel.session.lease_session import LeaseRequest, LeaseSession
 from vaccel_common.backends import DEVICE_ENV_VARS
 from vaccel_common.units import parse_size_mib
 
@@ -154,7 +154,8 @@ class lease:
             )
         # Inside a Slurm job the job's allocation is the lease, inside a container given GPUs and
         # no broker the GPUs it was given.
-        from vaccel import container_job, slurm_job
+        from vaccel.containers import job as container_job
+        from vaccel.slurm import job as slurm_job
 
         asked = dict(contract=self.request.contract, config=self.request.config, socket=self.socket, in_process=True)
         job = (slurm_job.lease_for(self.request.gpus, **asked)  # type: ignore[arg-type]

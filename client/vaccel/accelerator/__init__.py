@@ -6,6 +6,8 @@
 
 Importing this package does not import torch (the lease asks `runtime_state` before
 torch may even be installed); the names below load their modules on first use.
+
+The lowest layer of the client: may import torch and vaccel_common, nothing else of vaccel.
 """
 
 from __future__ import annotations

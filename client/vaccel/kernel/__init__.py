@@ -12,4 +12,7 @@
 - cli.py         registers `vaccel kernel` with the CLI (imports nothing of Jupyter)
 
 Importing this package imports nothing: the CLI lists it at every start.
+
+The top layer with vaccel/entry.py: may import the library (vaccel.leasing, vaccel.current),
+the CLI's shared parts (vaccel.cli.common) and everything below them.
 """

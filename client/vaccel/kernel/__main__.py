@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         run_stopped_kernel(args.connection_file, kernel_args, stopped)
         return 0
     reporter = Reporter.from_env()
-    from vaccel.contract_files import ContractFileError
+    from vaccel.contract.files import ContractFileError
     from vaccel.leasing import LeaseError, lease
 
     name = os.environ.get("JPY_SESSION_NAME", "")  # the notebook's path, where the server says it

@@ -43,7 +43,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 
 def cmd_kernel_install(args: argparse.Namespace) -> int:
-    from vaccel import cli_common as cli
+    from vaccel.cli import common as cli
     from vaccel.kernel import install
     from vaccel_common.units import parse_duration
 
@@ -80,7 +80,7 @@ def cmd_kernel_install(args: argparse.Namespace) -> int:
 def _check_host_has(args: argparse.Namespace) -> None:
     """A kernel asking for more devices than this host has would never start: refuse it now.
     Without a broker to ask (installing before it runs), say so and go on."""
-    from vaccel import cli_common as cli
+    from vaccel.cli import common as cli
     from vaccel_common.v1 import broker_pb2 as pb
 
     try:

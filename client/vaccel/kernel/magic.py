@@ -35,7 +35,7 @@ def lease_record(lease_id: str) -> Any | None:
     """The broker's view of the lease (a vaccel.v1 Lease message), None when it cannot say."""
     import grpc
 
-    from vaccel.connection import BrokerConnection, BrokerUnavailable
+    from vaccel.session.connection import BrokerConnection, BrokerUnavailable
     from vaccel_common.v1 import broker_pb2 as pb
 
     connection = BrokerConnection()

@@ -1,0 +1,5 @@
+"""`python -m vaccel`: the `vaccel` command, fast paths included."""
+
+from vaccel.entry import main
+
+main()

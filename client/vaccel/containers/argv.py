@@ -1,0 +1,133 @@
+"""Apply a lease to a container engine's `run`: the options vaccel adds after the user's.
+
+- the leased devices, the engine's way for the lease's backend (vaccel_common/backends.py,
+  ContainerFacts): Docker's `--gpus "device=UUID,..."`, a CDI name per device for podman, or
+  else the device nodes (`--device`); a simulated device always its `device_nodes`;
+- the broker's socket folder, bind-mounted at the same path: the folder and not the socket
+  file, because a file mount keeps the old inode and a restarted broker's new socket is then
+  unreachable; `--mount` and not `-v`, because `-v` makes a missing source into a directory;
+- `-e` for the lease's variables as the container must see them: VACCEL_LEASE_ID and
+  VACCEL_SOCKET (so `with lease()` inside joins), the visible devices (UUIDs kept; ordinals,
+  which a container renumbers from 0, renumbered), the allocator settings, and every vendor
+  container runtime's own selection variable (an image's `=all` overridden);
+- labels `org.vaccel.lease=ID` and `org.vaccel.user=NAME`, which the broker checks with the
+  engine before it counts a container as the lease's;
+- `--cidfile` (unless the user gave one), where the engine writes the container's id;
+- `--init` (unless the user chose): signals reach the command as on a host, so SIGTERM at the
+  lease's end stops a command that would ignore it as PID 1 and wait out the whole grace.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import pwd
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from vaccel.containers.engine_command import ContainerRefused, ContainerRun
+from vaccel_common.backends import backend, container_runtime_env
+
+if TYPE_CHECKING:
+    from vaccel.session.lease import Lease
+
+LEASE_LABEL = "org.vaccel.lease"
+USER_LABEL = "org.vaccel.user"
+
+
+@dataclass(frozen=True)
+class LeasedDevice:
+    index: int
+    uuid: str
+    visible_id: str  # what the backend's visible-devices variable takes on the host
+    device_nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ContainerLease:
+    """What of a lease a container needs (from a `vaccel.session.lease.Lease`, or a test's own)."""
+
+    lease_id: str
+    user: str
+    backend: str
+    simulated: bool
+    devices: tuple[LeasedDevice, ...]
+    env: Mapping[str, str]  # the lease's variables as a host process gets them
+    socket: str  # the broker's socket
+
+    @classmethod
+    def of(cls, lease: Lease, socket: str, user: str) -> ContainerLease:
+        devices = tuple(LeasedDevice(d.index, d.uuid, d.visible_id, d.device_nodes) for d in lease.devices)
+        return cls(lease.id, user, lease.backend, lease.simulated, devices, dict(lease.env), os.path.abspath(socket))
+
+
+def for_lease(run: ContainerRun, lease: Lease, socket: str, folder: str) -> tuple[list[str], str]:
+    """`apply` for a granted lease of this process's user, with the
+    container id to be written in `folder` (private, empty)."""
+    try:
+        user = pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        user = str(os.getuid())
+    return apply(run, ContainerLease.of(lease, socket, user), os.path.join(folder, "container-id"))
+
+
+def apply(run: ContainerRun, lease: ContainerLease, cidfile: str) -> tuple[list[str], str]:
+    """The command with the lease applied, and the file the container's id will be in (the
+    user's own --cidfile when they gave one, else `cidfile`, which must not exist yet)."""
+    added = device_options(run.engine, lease)
+    folder = os.path.dirname(lease.socket)
+    added += ["--mount", _csv(["type=bind", f"src={folder}", f"dst={folder}"])]
+    for name, value in sorted(container_env(lease).items()):
+        added += ["-e", f"{name}={value}"]
+    added += ["--label", f"{LEASE_LABEL}={lease.lease_id}", "--label", f"{USER_LABEL}={lease.user}"]
+    given = run.values("--cidfile")
+    if not given:
+        added += ["--cidfile", cidfile]
+    if not any(run.given(name) for name in ("--init", "--init-path", "--systemd")):
+        added.append("--init")
+    return run.argv(added), given[-1] if given else cidfile
+
+
+def device_options(engine: str, lease: ContainerLease) -> list[str]:
+    facts = backend(lease.backend).container
+    uuids = [d.uuid for d in lease.devices]
+    if not lease.simulated and engine == "docker" and facts.docker_gpus:
+        # One CSV field: the quotes keep the commas of the device list inside it.
+        return ["--gpus", f'"device={",".join(uuids)}"']
+    if not lease.simulated and engine == "podman" and facts.cdi_kind:
+        return [word for uuid in uuids for word in ("--device", f"{facts.cdi_kind}={uuid}")]
+    bare = [f"gpu{d.index}" for d in lease.devices if not d.device_nodes]
+    if bare and not lease.simulated:
+        raise ContainerRefused(f"cannot give {', '.join(bare)} to a {engine} container: the broker knows no device "
+                               "node of it")
+    nodes = [*(() if lease.simulated else facts.shared_nodes), *(n for d in lease.devices for n in d.device_nodes)]
+    return [word for node in dict.fromkeys(nodes) for word in ("--device", node)]
+
+
+def container_ids(devices: tuple[LeasedDevice, ...]) -> list[str]:
+    """The devices' visible ids inside the container: a UUID is the same there; a host ordinal
+    is not, since the container sees only the leased devices, numbered from 0 in host order."""
+    rank = {d.index: n for n, d in enumerate(sorted(devices, key=lambda d: d.index))}
+    return [d.visible_id if d.visible_id == d.uuid else str(rank[d.index]) for d in devices]
+
+
+def container_env(lease: ContainerLease) -> dict[str, str]:
+    """The lease's variables as a process in the container must get them."""
+    env = dict(lease.env)
+    ids = ",".join(container_ids(lease.devices))
+    for var in backend(lease.backend).visible_devices_vars:
+        if var in env:
+            env[var] = ids
+    env["VACCEL_DEVICES"] = ids
+    env["VACCEL_SOCKET"] = lease.socket
+    env.update(container_runtime_env(lease.backend, [d.uuid for d in lease.devices], lease.simulated))
+    return env
+
+
+def _csv(fields: list[str]) -> str:
+    """One line of the engines' CSV option syntax (a path with a comma stays one field)."""
+    out = io.StringIO()
+    csv.writer(out, lineterminator="").writerow(fields)
+    return out.getvalue()
