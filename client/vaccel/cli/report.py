@@ -169,7 +169,7 @@ def _device_names(args: argparse.Namespace) -> dict[str, str]:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from vaccel import report_pages
+    from vaccel.cli import report_pages
 
     since, until = period(args, time.time())
     conn, request = connection(args), pb.ReportRequest(since=since, until=until, by=args.by)

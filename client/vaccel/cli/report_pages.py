@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from vaccel.cli_common import EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE, CliError, rpc
-from vaccel.connection import BrokerConnection, BrokerUnavailable
-from vaccel.grpc_lazy import grpc
+from vaccel.cli.common import EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE, CliError, rpc
+from vaccel.session.connection import BrokerConnection, BrokerUnavailable
+from vaccel.session.grpc_lazy import grpc
 from vaccel_common.v1 import broker_pb2 as pb
 
 
