@@ -4,6 +4,7 @@
     python -m bench.scale --long                # 10..500 waiters in 5 steps, longer windows (minutes)
     python -m bench.scale --devices 64 --waiters 10,500 --window 10
     python -m bench.scale --json
+    python -m bench.scale --accounting-rows 1000,100000,1000000   # accounting's cost (bench/scale_accounting.py)
 
 For each device count a fresh daemon serves that many simulated devices (64: a large
 host with MIG slices). One client process (asyncio) takes every device and keeps each
@@ -508,12 +509,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--join-budget", type=float, default=None,
                         help="seconds the queue may take to reach a length (default 15, --long 120)")
     parser.add_argument("--long", action="store_true", help="more steps, longer windows (several minutes)")
+    parser.add_argument("--accounting-rows", metavar="N[,N...]", default=None,
+                        help="instead: fill a fresh broker's accounting with N leases of a year and time reports")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.accounting_rows is not None:
+        from bench import scale_accounting
+
+        try:
+            counts = _ints(args.accounting_rows)
+        except ValueError:
+            print("bench: --accounting-rows takes positive integers, comma-separated", file=sys.stderr)
+            return 2
+        return print_outcome(lambda: scale_accounting.run(counts), scale_accounting.render, args.json)
     try:
         devices = _ints(args.devices)
         waiters = _ints(args.waiters or ("10,50,100,250,500" if args.long else "10,200"))

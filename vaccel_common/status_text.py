@@ -24,6 +24,9 @@ if TYPE_CHECKING:
     from vaccel_common.v1 import broker_pb2 as pb
 
 COLUMNS = ["GPU", "NAME", "MEMORY", "ARCH", "STATE", "HOLDER", "SINCE", "LEASE"]
+# The waiting requests listed; the rest are counted (issue 46: a thousand waiting made every
+# user's `vaccel status` 100 KB). `vaccel status --all` and `--json` list every one.
+QUEUE_SHOWN = 10
 _SINCE_COLUMN = COLUMNS.index("SINCE")
 
 
@@ -49,9 +52,9 @@ def table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(table_lines(rows, header)[0])
 
 
-def render_status(reply: pb.StatusReply) -> str:
-    """The text the full CLI prints, in this process's time zone."""
-    return "\n".join(_status_lines(reply)[0])
+def render_status(reply: pb.StatusReply, *, every: bool = False) -> str:
+    """The text the full CLI prints, in this process's time zone; `every`: the whole queue."""
+    return "\n".join(_status_lines(reply, every)[0])
 
 
 def clock_marks(reply: pb.StatusReply) -> tuple[str, list[tuple[int, float]]]:
@@ -63,7 +66,7 @@ def clock_marks(reply: pb.StatusReply) -> tuple[str, list[tuple[int, float]]]:
     return "\n".join(lines), [(line_starts[line] + column, ts) for line, column, ts in marks]
 
 
-def _status_lines(reply: pb.StatusReply) -> tuple[list[str], list[tuple[int, int, float]]]:
+def _status_lines(reply: pb.StatusReply, every: bool = False) -> tuple[list[str], list[tuple[int, int, float]]]:
     """The text's lines, each safe for a terminal (vaccel_common/text.py), and the
     (line, column, time) of each lease's start clock."""
     out = [f"host {reply.hostname}{' (simulated devices)' if reply.simulated else ''}"]
@@ -116,7 +119,7 @@ def _status_lines(reply: pb.StatusReply) -> tuple[list[str], list[tuple[int, int
     if reply.queue:
         out.append("")
         out.append(f"queue ({len(reply.queue)} waiting):")
-        for q in reply.queue:
+        for q in reply.queue if every else reply.queue[:QUEUE_SHOWN]:
             mem = f", >= {format_mib(q.min_memory_mib)} each" if q.min_memory_mib else ""
             named = f" ({', '.join(q.devices)})" if q.devices else ""
             waited = max(0.0, time.time() - q.since)
@@ -126,6 +129,8 @@ def _status_lines(reply: pb.StatusReply) -> tuple[list[str], list[tuple[int, int
                        f"{named}{mem}, waiting {format_duration(waited)}  {q.requester.command}")
             if q.reason:
                 out.append(f"     waiting: {q.reason}")
+        if not every and len(reply.queue) > QUEUE_SHOWN:
+            out.append(f"  ... and {len(reply.queue) - QUEUE_SHOWN} more waiting (vaccel status --all)")
     else:
         out.append("\nqueue: empty")
     limited = [u for u in reply.usage if u.max_devices or u.max_device_hours]

@@ -15,9 +15,10 @@ _SIZE_UNITS = {
     "g": 1024**3, "gb": 1000**3, "gib": 1024**3,
     "t": 1024**4, "tb": 1000**4, "tib": 1024**4,
 }
-_DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
+_DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800,
+                   "y": 365 * 86400}  # a year of reports (`--since 1y`): 365 days, as DESIGN.md says
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
-_DURATION_PART_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|min|[smhdw])", re.IGNORECASE)
+_DURATION_PART_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|min|[smhdwy])", re.IGNORECASE)
 
 
 def parse_size_mib(value: str | int | float) -> int:
@@ -50,7 +51,8 @@ def parse_share_mib(value: str | int | float) -> int:
 
 
 def parse_duration(value: str | int | float) -> float:
-    """Return seconds. Bare numbers are seconds; "90s", "15m", "2h", "1d12h" are accepted."""
+    """Return seconds. Bare numbers are seconds; "90s", "15m", "2h", "1d12h", "2w", "1y" (365 days)
+    are accepted."""
     if isinstance(value, bool):
         raise ValueError(f"not a duration: {value!r}")
     if isinstance(value, int | float):
@@ -62,7 +64,7 @@ def parse_duration(value: str | int | float) -> float:
         except ValueError:
             parts = _DURATION_PART_RE.findall(text)
             if not parts or _DURATION_PART_RE.sub("", text).strip():
-                raise ValueError(f"not a duration: {value!r} (try 30s, 15m, 2h, 1d)") from None
+                raise ValueError(f"not a duration: {value!r} (try 30s, 15m, 2h, 1d, 2w, 1y)") from None
             seconds = sum(float(n) * _DURATION_UNITS[u.lower()] for n, u in parts)
     if seconds < 0:
         raise ValueError(f"duration must not be negative: {value!r}")

@@ -8,6 +8,12 @@ in the same transaction (LeaseStore.hold): an end that happens while an earlier 
 commits is committed after the grant it ends, so no device holding outlives its lease.
 After a grant or an end the lease hooks run (brokerd/leasing/hooks.py): a hook that
 refuses a grant ends it before its holder hears of it.
+
+An end the disk did not take (the state directory's file system full, issue 46) is kept
+and written again ahead of every later write and every RESAVE_EVERY_S until it is on
+disk: left unwritten, its device holding stayed in the file, every later grant of that
+device failed on it ("UNIQUE constraint failed") long after the disk had room, and a
+restart brought the ended lease back. Grants meanwhile are refused with the disk's error.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from brokerd.state.store import LeaseStore
 log = logging.getLogger("vaccel.brokerd")
 
 LEFT = "the client left before the grant reached it"
+RESAVE_EVERY_S = 5.0
 
 
 class Ledger:
@@ -52,11 +59,14 @@ class Ledger:
         self.hooks = hooks  # the service's list: add-ons plugged in later are seen
         self._deadline_moved = deadline_moved  # something may end by then: wake the expiry loop
         self._on_its_devices = on_its_devices  # what the last probe saw of the lease's (Inventory)
+        self._unsaved: dict[str, Lease] = {}  # ended leases whose end the disk did not take
+        self._unsaved_error = ""  # why, as the disk said
 
     # -- grants ------------------------------------------------------------------------
 
     async def persist_grant(self, lease: Lease) -> None:
         """Commit a grant made outside the pump (granted at once) before its client hears."""
+        self._resave_ends()
         saved = self.store.save_grant(lease)
         try:
             await asyncio.shield(saved)
@@ -72,7 +82,10 @@ class Ledger:
         """Grant what the queue can now have: the grants are made in memory and queued for
         commit (no await: a caller that holds the store's writes, LeaseStore.hold, gets them
         into its own transaction). Each waiter hears from the commit itself."""
-        for grant in self.manager.pump():
+        grants = self.manager.pump()
+        if grants:
+            self._resave_ends()
+        for grant in grants:
             self.store.save_grant_then(grant.lease, grant.request.id,
                                        lambda error, grant=grant: self._granted_durably(grant, error))
 
@@ -111,6 +124,10 @@ class Ledger:
     def _not_recorded(self, lease: Lease, exc: BaseException) -> NoReturn:
         self.manager.rollback(lease.id)
         log.error("could not record grant %s: %s", lease.id, exc)
+        if self._unsaved:  # the grant may fail on the unsaved end's holding: the disk is the cause
+            unsaved = next(iter(self._unsaved.values()))
+            raise Internal(f"the broker could not record the grant durably: {self._unsaved_error} (the end of "
+                           f"lease {unsaved.id} is not on disk yet)") from exc
         raise Internal(f"the broker could not record the grant durably: {exc}") from exc
 
     def _recorded(self, lease: Lease) -> None:
@@ -162,7 +179,9 @@ class Ledger:
         leases at once), so a grant of freed devices is never on disk before their end."""
         self.store.hold()
         asyncio.get_running_loop().call_soon(self._pump_held)  # first: whatever follows raises, it releases
+        self._resave_ends()
         saved = self.store.save_end(lease)
+        saved.add_done_callback(lambda done: self._end_saved(lease, done))
         self.records.drop_lease(lease.id)
         self.forget_if_idle(lease.holder.process)
         for member in lease.members:
@@ -182,6 +201,31 @@ class Ledger:
                 log.exception("%s failed after the end of lease %s", hook.name, lease.id)
         self.changes.changed()
         return saved
+
+    def _end_saved(self, lease: Lease, done: asyncio.Future[None]) -> None:
+        """An end's commit settled: forget it once on disk, keep it to write again if not."""
+        failed = not done.cancelled() and done.exception() is not None
+        if not failed:
+            if self._unsaved.pop(lease.id, None) is not None:
+                log_event("store", f"the end of lease {lease.id} is on disk now", lease_id=lease.id)
+            return
+        self._unsaved_error = str(done.exception())
+        if lease.id not in self._unsaved:
+            if not self._unsaved:
+                self.tasks.spawn(self._resave_until_written())
+            self._unsaved[lease.id] = lease
+            log.error("the end of lease %s is not on disk (%s): written again until it is", lease.id,
+                      done.exception())
+
+    def _resave_ends(self) -> None:
+        """Write the ends the disk did not take again, ahead of what comes next."""
+        for lease in list(self._unsaved.values()):
+            self.store.save_end(lease).add_done_callback(lambda done, lease=lease: self._end_saved(lease, done))
+
+    async def _resave_until_written(self) -> None:
+        while self._unsaved and not self.tasks.stopping:
+            await asyncio.sleep(RESAVE_EVERY_S)
+            self._resave_ends()
 
     def _pump_held(self) -> None:
         """The pump after an end: its grants join the held end in one transaction. A plain

@@ -55,6 +55,11 @@ class Reporter(Protocol):
         """Usage over a period, grouped `by`; other users' rows only for an admin viewer."""
         ...
 
+    def areport_pages(self, since: float, until: float, by: str, viewer_uid: int, viewer_is_admin: bool
+                      ) -> AsyncIterator[Report]:
+        """The same in pages (by lease: a page of leases at a time, each with the total)."""
+        ...
+
 
 class ContainerKeeper(Protocol):
     async def confirm(self, lease: Lease, caller: Identity, container: str, init_pid: int,

@@ -387,13 +387,13 @@ class BrokerService:
         views = device_views(self.manager)
         return CheckView(evaluate(requirement, [v.device for v in views]), views)
 
-    async def report(self, identity: Identity, since: float, until: float, by: str) -> Report:
-        """Usage over a period (the accounting); other users' rows only for admins."""
+    def report(self, identity: Identity, since: float, until: float, by: str) -> AsyncIterator[Report]:
+        """Usage over a period (accounting) in pages (by lease: many); others' rows only for admins."""
         self.permissions.require(Action.REPORT, identity)
         if self._reporter is None:
             raise Internal("this broker keeps no accounting")
         others = self.permissions.allows(Action.REPORT_OTHERS, identity)
-        return await self._reporter.areport(since, until, by, identity.uid, others)
+        return self._reporter.areport_pages(since, until, by, identity.uid, others)
 
     def summary(self) -> str:
         return summary_line(self.manager)

@@ -266,8 +266,25 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         await self._refuse_invalid(context, report_problem(request))
         if not self.service.keeps_accounting:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this broker keeps no accounting")
-        try:
-            report = await self.service.report(identity, request.since, request.until, request.by or "user")
+        reply = None
+        try:  # the pages as one reply, as this call always answered (ReportPages for any size)
+            async for page in self.service.report(identity, request.since, request.until, request.by or "user"):
+                if reply is None:
+                    reply = report_pb(page)
+                else:
+                    reply.rows.extend(report_pb(page).rows)
         except LeaseError as exc:
             await self._fail(context, exc)
-        return report_pb(report)
+        return reply
+
+    async def ReportPages(self, request: pb.ReportRequest, context: grpc.aio.ServicerContext
+                          ) -> AsyncIterator[pb.ReportReply]:
+        identity = await self._identity(context)
+        await self._refuse_invalid(context, report_problem(request))
+        if not self.service.keeps_accounting:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this broker keeps no accounting")
+        try:
+            async for page in self.service.report(identity, request.since, request.until, request.by or "user"):
+                yield report_pb(page)
+        except LeaseError as exc:
+            await self._fail(context, exc)

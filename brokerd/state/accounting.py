@@ -23,11 +23,11 @@ import asyncio
 import concurrent.futures
 import contextlib
 import grp
-import json
 import logging
 import sqlite3
+import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,12 +37,17 @@ from brokerd.config.policy import counted_gid
 from brokerd.devices.model import UTILISATION_KEY, Snapshot
 from brokerd.leasing.hooks import LeaseHook
 from brokerd.leasing.model import Lease
+from brokerd.state import usage_days
+from brokerd.state.accounting_read import Reads
 from brokerd.state.accounting_writer import AccountingWriter
-from brokerd.state.report import STILL_ACTIVE, Report, UsageRow, build_report
+from brokerd.state.report import STILL_ACTIVE, Report, UsageRow
+from brokerd.state.usage_rows import COLUMNS, MARKS, values
 
 log = logging.getLogger("vaccel.brokerd")
 
 DB_NAME = "accounting.db"
+# The day summaries (usage_days.py) are a table of their own, added and checked against the
+# rows at each start: a daemon from before them may go on using the file.
 SCHEMA_VERSION = 3
 # Columns older files lack (version 1: both, 2: the time limit), added in place when the file
 # is opened: found by name, so a file of any older version (or none) gets exactly those.
@@ -50,6 +55,7 @@ _ADDED_COLUMNS = (("weight", "ALTER TABLE usage ADD COLUMN weight REAL"),
                   ("time_limit_s", "ALTER TABLE usage ADD COLUMN time_limit_s REAL NOT NULL DEFAULT 0"))
 PRUNE_EVERY_S = 86400.0
 DEFAULT_SPAN_S = 7 * 86400.0  # a report that names no start covers the last week
+UNWRITTEN_MAX = 100_000  # rows kept in memory while the file takes none (~30 MB at most)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -65,9 +71,6 @@ CREATE TABLE IF NOT EXISTS usage (
 );
 CREATE INDEX IF NOT EXISTS usage_ended ON usage(ended_at);
 """
-_COLUMNS = ("lease_id, uid, user, gid, devices, granted_at, ended_at, wait_s, state, end_reason, "
-            "reservation, util_mean_pct, idle_device_s, weight, time_limit_s")
-_MARKS = ",".join("?" * 15)
 
 @dataclass
 class _Live:
@@ -95,21 +98,6 @@ def usage_row(lease: Lease, live: _Live | None, now: float, gid: int) -> UsageRo
         weight=lease.weight if lease.share_mib else None,
         time_limit_s=lease.time_limit_s,
     )
-
-
-def _values(row: UsageRow) -> tuple:
-    return (row.lease_id, row.uid, row.user, row.gid, json.dumps(list(row.devices)), row.granted_at,
-            row.ended_at, row.wait_s, row.state, row.end_reason, int(row.reservation), row.util_mean_pct,
-            row.idle_device_s, row.weight, row.time_limit_s)
-
-
-def _from_db(r: tuple, devices: dict[str, tuple[str, ...]]) -> UsageRow:
-    """A stored row. A year's report decodes 100,000 of these: positional, in _COLUMNS
-    order, and each distinct device list decoded once (`devices`, a host has few)."""
-    held = devices.get(r[4])
-    if held is None:
-        held = devices[r[4]] = tuple(json.loads(r[4]))
-    return UsageRow(r[0], r[1], r[2], r[3], held, *r[5:10], bool(r[10]), r[11], r[12], r[13], r[14])
 
 
 def _open(path: Path) -> sqlite3.Connection:
@@ -169,10 +157,14 @@ class Accounting(LeaseHook):
         self._recently_ended = recently_ended
         self._clock = clock
         self._writer = AccountingWriter(open_database(self.path, clock))
+        self._logged(self._writer.submit(usage_days.ensure), "the day summaries")  # first: before any row
+        self._reads = Reads(self.path)
         self._live: dict[str, _Live] = {}
         self._last_snapshot: Snapshot | None = None
         self._last_sample_at: float | None = None
         self._last_prune_at = 0.0
+        self._unwritten: list[tuple[UsageRow, bool]] = []  # (row, replace) the file did not take
+        self._unwritten_lock = threading.Lock()  # the writer thread adds, the loop takes
         self._task: asyncio.Task[None] | None = None
 
     # -- the lease's moments (on the event loop; never raise) ---------------------------
@@ -183,9 +175,7 @@ class Accounting(LeaseHook):
         missed = [usage_row(lease, None, now, self._gid(lease)) for lease in self._recently_ended()
                   if not lease.active]
         if missed:
-            self._logged(self._writer.submit(lambda conn: conn.executemany(
-                f"INSERT OR IGNORE INTO usage ({_COLUMNS}) VALUES ({_MARKS})",
-                [_values(r) for r in missed])), "the leases that ended before this start")
+            self._write(missed, "the leases that ended before this start", replace=False)
         self.prune()
 
     def granted(self, lease: Lease) -> None:
@@ -193,9 +183,44 @@ class Accounting(LeaseHook):
 
     def ended(self, lease: Lease) -> None:
         row = usage_row(lease, self._live.pop(lease.id, None), self._clock(), self._gid(lease))
-        self._logged(self._writer.submit(gather=True, op=lambda conn: conn.execute(
-            f"INSERT OR REPLACE INTO usage ({_COLUMNS}) VALUES ({_MARKS})", _values(row))),
-            f"the end of lease {lease.id}")
+        self._write([row], f"the end of lease {lease.id}", replace=True, gather=True)
+
+    def _write(self, rows: list[UsageRow], what: str, *, replace: bool, gather: bool = False) -> None:
+        """Write rows on the writer thread. Rows the file does not take (a full disk, issue
+        46) are kept in memory, up to UNWRITTEN_MAX, and written again at each tick of `run`
+        until it takes them: a lease that ends while the disk is full is not lost."""
+        def check(done: concurrent.futures.Future[Any]) -> None:
+            error = None if done.cancelled() else done.exception()
+            if error is None:
+                return
+            with self._unwritten_lock:
+                kept = [(row, replace) for row in rows[:max(0, UNWRITTEN_MAX - len(self._unwritten))]]
+                self._unwritten.extend(kept)
+                waiting = len(self._unwritten)
+            if not what.startswith("again:"):
+                log.error("accounting could not record %s: %s; %d row(s) kept in memory, written when the "
+                          "file takes them again%s", what, error, waiting,
+                          "" if len(kept) == len(rows) else f" ({len(rows) - len(kept)} dropped: too many)")
+
+        future = self._writer.submit(gather=gather, op=lambda conn: usage_days.record(conn, rows, replace=replace))
+        future.add_done_callback(check)
+
+    def _catch_up(self) -> None:
+        """Write the rows the file did not take before, once more."""
+        with self._unwritten_lock:
+            unwritten, self._unwritten = self._unwritten, []
+        for replace in (True, False):
+            rows = [row for row, again in unwritten if again is replace]
+            if rows:
+                self._write(rows, "again: rows kept in memory", replace=replace)
+        count = len(unwritten)
+        self._writer.submit(lambda conn: None).add_done_callback(lambda _: self._caught_up(count))
+
+    def _caught_up(self, n: int) -> None:
+        with self._unwritten_lock:
+            left = len(self._unwritten)
+        if not left:
+            log.info("accounting: the %d row(s) kept in memory are written", n)
 
     def _gid(self, lease: Lease) -> int:
         return counted_gid(self._config().policy, lease.holder.user, lease.holder.gid)
@@ -244,11 +269,7 @@ class Accounting(LeaseHook):
         cutoff, ceiling = now - config.accounting_keep_s, config.accounting_max_rows
 
         def prune(conn: sqlite3.Connection) -> int:
-            dropped = conn.execute("DELETE FROM usage WHERE ended_at < ?", (cutoff,)).rowcount
-            excess = conn.execute("SELECT COUNT(*) FROM usage").fetchone()[0] - ceiling
-            if ceiling > 0 and excess > 0:
-                dropped += conn.execute("DELETE FROM usage WHERE lease_id IN (SELECT lease_id FROM usage "
-                                        "ORDER BY ended_at LIMIT ?)", (excess,)).rowcount
+            dropped = usage_days.prune(conn, cutoff, ceiling)
             # Hand the freed pages back to the filesystem. Python's sqlite3 steps a
             # statement with no result columns once, and each step frees one page.
             for _ in range(conn.execute("PRAGMA freelist_count").fetchone()[0] if dropped else 0):
@@ -265,6 +286,8 @@ class Accounting(LeaseHook):
             await asyncio.sleep(max(self._config().probe_interval_s, 0.5))
             try:
                 self.sample()
+                if self._unwritten:
+                    self._catch_up()
                 if self._clock() - self._last_prune_at >= PRUNE_EVERY_S:
                     self.prune()
             except Exception:
@@ -280,38 +303,64 @@ class Accounting(LeaseHook):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         await asyncio.get_running_loop().run_in_executor(None, self._writer.close)
+        self._reads.close()
 
     # -- reports ---------------------------------------------------------------------------
 
-    def _query(self, since: float, until: float, by: str, viewer_uid: int, viewer_is_admin: bool
-               ) -> concurrent.futures.Future[Report]:
+    def _asked(self, since: float, until: float, viewer_uid: int, viewer_is_admin: bool
+               ) -> tuple[float, float, list[UsageRow], int | None]:
+        """(since, until) with their defaults, the live leases' rows (copied here, on the
+        caller's thread: no other thread reads live state), whose rows to show."""
         now = self._clock()
         until = until or now
         since = since or until - DEFAULT_SPAN_S
-        # Copied here, on the caller's thread: the writer thread never reads live state.
         live = [usage_row(live.lease, live, now, self._gid(live.lease)) for live in list(self._live.values())
                 if live.lease.active]
         everyone = viewer_is_admin or self._config().accounting_per_user_report == "everyone"
+        return since, until, live, None if everyone else viewer_uid
 
-        def build(conn: sqlite3.Connection) -> Report:
-            stored = conn.execute(f"SELECT {_COLUMNS} FROM usage WHERE ended_at >= ? AND granted_at < ?",
-                                  (since, until))
-            live_ids = {row.lease_id for row in live}
-            devices: dict[str, tuple[str, ...]] = {}
-            rows = [*live, *(r for r in (_from_db(s, devices) for s in stored) if r.lease_id not in live_ids)]
-            return build_report(rows, since, until, by, _group_names(), None if everyone else viewer_uid)
-
-        return self._writer.submit(build)
+    def _written(self) -> concurrent.futures.Future[None]:
+        """Settles once every row submitted before it is committed: a report reads them."""
+        return self._writer.submit(lambda conn: None)
 
     def report(self, since: float, until: float, by: str, viewer_uid: int, viewer_is_admin: bool) -> Report:
         """The figures for [since, until) (0 = a week before `until`; 0 = now) as
         `viewer_uid` may see them. Blocks on the database: call it off the event loop,
         or await `areport` on it."""
-        return self._query(since, until, by, viewer_uid, viewer_is_admin).result()
+        since, until, live, hide = self._asked(since, until, viewer_uid, viewer_is_admin)
+        self._written().result()
+        return self._reads.build(since, until, by, live, hide, _group_names())
 
     async def areport(self, since: float, until: float, by: str, viewer_uid: int, viewer_is_admin: bool) -> Report:
-        """`report` for the event loop: the query runs on the writer thread."""
-        return await asyncio.wrap_future(self._query(since, until, by, viewer_uid, viewer_is_admin))
+        """`report` for the event loop: the query runs on a report thread (accounting_read.py),
+        within the user's share (Busy beyond it)."""
+        with self._reads.admitted(viewer_uid):
+            return await self._areport(since, until, by, viewer_uid, viewer_is_admin)
+
+    async def _areport(self, since: float, until: float, by: str, viewer_uid: int, viewer_is_admin: bool) -> Report:
+        since, until, live, hide = self._asked(since, until, viewer_uid, viewer_is_admin)
+        await asyncio.wrap_future(self._written())
+        return await asyncio.get_running_loop().run_in_executor(
+            self._reads.pool, self._reads.build, since, until, by, live, hide, _group_names())
+
+    async def areport_pages(self, since: float, until: float, by: str, viewer_uid: int, viewer_is_admin: bool
+                            ) -> AsyncIterator[Report]:
+        """The report in pages: by lease, PAGE_ROWS leases a page, each page with the
+        whole period's total; by anything else, one page."""
+        with self._reads.admitted(viewer_uid):
+            whole = await self._areport(since, until, "user" if by == "lease" else by, viewer_uid, viewer_is_admin)
+            if by != "lease":
+                yield whole
+                return
+            _, _, live, hide = self._asked(whole.since, whole.until, viewer_uid, viewer_is_admin)
+            loop = asyncio.get_running_loop()
+            pages = self._reads.lease_pages(whole.since, whole.until, live, hide)
+            try:
+                while (page := await loop.run_in_executor(self._reads.pool, next, pages, None)) is not None:
+                    yield Report(since=whole.since, until=whole.until, by=by, rows=page, total=whole.total,
+                                 rows_hidden=whole.rows_hidden)
+            finally:
+                await loop.run_in_executor(self._reads.pool, pages.close)
 
 
 def _group_names() -> Callable[[int], str]:
@@ -327,3 +376,19 @@ def _group_names() -> Callable[[int], str]:
         return names[gid]
 
     return name
+
+
+def fill(state_dir: Path, rows: Iterable[UsageRow]) -> int:
+    """Write ended leases' rows straight into a broker's accounting file, with their day
+    summaries, in one transaction (bench/scale_accounting.py fills a year this way; the
+    broker must not be running). Returns the rows in the file."""
+    conn = open_database(Path(state_dir) / DB_NAME)
+    try:
+        conn.execute("BEGIN")
+        conn.executemany(f"INSERT OR IGNORE INTO usage ({COLUMNS}) VALUES ({MARKS})", (values(r) for r in rows))
+        conn.execute("DELETE FROM meta WHERE key = ?", (usage_days.DAYS_READY,))
+        usage_days.ensure(conn)
+        conn.execute("COMMIT")
+        return conn.execute("SELECT COUNT(*) FROM usage").fetchone()[0]
+    finally:
+        conn.close()

@@ -317,12 +317,15 @@ class Commits:
         else:
             return [None] * len(batch)
         errors: list[BaseException | None] = []
+        disk: BaseException | None = None  # the file's own failure (a full disk: SQLITE_FULL)
         for write in batch:
             try:
                 self._transaction([write.op], write.fsync)
             except Exception as exc:
                 log.error("lease database write failed: %s", exc)
-                errors.append(exc)
+                disk = disk or (exc if isinstance(exc, sqlite3.OperationalError) else None)
+                # A grant that fails on what a failed end left (its holding: UNIQUE) failed for the disk.
+                errors.append(disk if disk is not None and isinstance(exc, sqlite3.IntegrityError) else exc)
             else:
                 errors.append(None)
         return errors

@@ -32,6 +32,7 @@ from brokerd.addons.web.push import Broadcaster
 from brokerd.base.journal import log_event
 from brokerd.core.plugins import Reporter
 from brokerd.core.service import BrokerService
+from brokerd.leasing.errors import Busy
 from vaccel_common.units import parse_duration
 
 log = logging.getLogger("vaccel.brokerd")
@@ -138,7 +139,7 @@ class Dashboard:
         try:
             async with asyncio.timeout(REPORT_WAIT_S):
                 return web.json_response(await self.reports.report(since_s, by))
-        except TimeoutError:
+        except (TimeoutError, Busy):  # Busy: the dashboard's reports are bounded like a user's
             raise web.HTTPServiceUnavailable(text="the usage report is busy; try again shortly\n",
                                              headers={"Retry-After": "10"}) from None
 

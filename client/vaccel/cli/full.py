@@ -70,7 +70,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     from vaccel_common.status_text import render_status
 
-    print(render_status(reply))  # already safe for a terminal, line by line (shown())
+    print(render_status(reply, every=args.all))  # already safe for a terminal, line by line (shown())
     return 0
 
 
@@ -247,7 +247,8 @@ def _add_status(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p = sub.add_parser("status", parents=[common], help="devices, holders, queue, unleased GPU processes",
                        description="Show every device with its state (free, leased, busy, unhealthy), who "
                                    "holds it since when, the wait queue, and GPU processes that hold no lease.")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--json", action="store_true", help="machine-readable output (the whole queue)")
+    p.add_argument("--all", action="store_true", help="every waiting request (else the first 10 and a count)")
     p.set_defaults(func=cmd_status)
 
 

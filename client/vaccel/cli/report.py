@@ -104,13 +104,14 @@ def _ends(row: pb.ReportRow) -> str:
     return ", ".join(f"{state} {count}" for state, count in sorted(row.end_reasons.items()))
 
 
-def render_csv(reply: pb.ReportReply) -> str:
+def render_csv(reply: pb.ReportReply, *, header: bool = True) -> str:
     import csv
     import io
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     if reply.by == "lease":  # one line per lease, no total: a list to replay or sum
-        writer.writerow(["key", *LEASE_FIELDS, "device_hours", "wait_s"])
+        if header:  # a page after the first goes on under the first one's
+            writer.writerow(["key", *LEASE_FIELDS, "device_hours", "wait_s"])
         for row in reply.rows:
             used = lease_json(row.lease)
             writer.writerow([row.key, *(int(v) if isinstance(v, bool) else v for v in used.values()),
@@ -168,8 +169,15 @@ def _device_names(args: argparse.Namespace) -> dict[str, str]:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from vaccel.cli import report_pages
+
     since, until = period(args, time.time())
-    reply = rpc(connection(args), "Report", pb.ReportRequest(since=since, until=until, by=args.by))
+    conn, request = connection(args), pb.ReportRequest(since=since, until=until, by=args.by)
+    if args.csv and args.by == "lease":  # of any size: written page by page as it comes
+        for n, page in enumerate(report_pages.pages(conn, request)):
+            print(render_csv(page, header=n == 0), end="", flush=True)
+        return 0
+    reply = report_pages.whole(conn, request)
     if args.json:
         print(json.dumps(report_json(reply), indent=2))
     elif args.csv:

@@ -1,0 +1,68 @@
+"""The state directory's disk full (issue 46): the broker refuses new grants with the reason,
+keeps serving everything else, loses no ended lease's accounting row (the rows it could
+not write are kept in memory and written once the disk takes them), and grants again as
+soon as there is room. A real daemon on a small tmpfs that a file fills and then frees."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.test_broker_integration import wait_for
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs for the state directory")
+
+
+@pytest.fixture
+def small_state_dir():
+    workdir = Path(tempfile.mkdtemp(prefix="vaccel-full-"))
+    state = workdir / "state"
+    state.mkdir(mode=0o700)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(state)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    yield workdir
+    subprocess.run(["umount", "-l", str(state)], check=False)
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+def reported(broker) -> list[str]:
+    r = broker.vaccel("report", "--by", "lease", "--json")
+    assert r.returncode == 0, r.stderr
+    return [row["key"] for row in json.loads(r.stdout)["rows"]]
+
+
+def lease_id(run: subprocess.CompletedProcess[str]) -> str:
+    return run.stderr.split("lease ", 1)[1].split(":", 1)[0]
+
+
+def test_a_full_disk_refuses_grants_with_the_reason_and_loses_no_ended_lease(start_broker, small_state_dir):
+    broker = start_broker(workdir=small_state_dir)
+    filler = broker.state_dir / "filler"
+    # The first lease's command fills the disk: its end (and its accounting row) meet a full disk.
+    first = broker.vaccel("run", "--", "sh", "-c", f"dd if=/dev/zero of={filler} bs=64k 2>/dev/null; true")
+    assert first.returncode == 0, first.stderr
+    refused = broker.vaccel("run", "--", "true")
+    assert refused.returncode == 1 and "disk is full" in refused.stderr, refused.stderr
+    status = broker.vaccel("status", "--json")
+    assert status.returncode == 0 and all(d["state"] == "free" for d in json.loads(status.stdout)["devices"])
+
+    filler.unlink()
+    again = broker.vaccel("run", "--", "true")
+    assert again.returncode == 0, again.stderr
+    wanted = {lease_id(first), lease_id(again)}
+    wait_for(lambda: wanted <= set(reported(broker)), timeout=60)
+    assert broker.proc.poll() is None
+    # Its end reached the disk: a restart brings no ended lease back.
+    broker.stop()
+    broker.start()
+    status = json.loads(broker.vaccel("status", "--json").stdout)
+    assert all(d["state"] == "free" for d in status["devices"]), status["devices"]
+    assert wanted <= set(reported(broker))
