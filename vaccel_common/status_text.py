@@ -146,6 +146,13 @@ def _status_lines(reply: pb.StatusReply) -> tuple[list[str], list[tuple[int, int
         for p in reply.unleased_processes:
             out.append(f"{index.get(p.device_uuid, 'gpu?')}: IN USE WITHOUT LEASE by {p.user or p.uid}: "
                        f"pid {p.pid} {p.command}, {format_mib(p.used_memory_mib)}")
+    if reply.stopped_containers:
+        out.append("")
+        out.append("containers stopped for starting outside a live lease:")
+        for c in reply.stopped_containers:
+            name = c.name or c.id[:12]
+            out.append(f"  {name} ({c.engine}, {format_duration(max(0.0, time.time() - c.at))} ago): {c.reason}")
+            out.append(f"     `vaccel run -- {c.engine} start -a {name}` runs it again under a new lease")
     # As the CLI shows every text (vaccel/cli_common.py shown()): line by line, nothing unprintable.
     return [printable(line) for part in out for line in part.split("\n")], marks
 

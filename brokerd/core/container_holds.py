@@ -24,7 +24,7 @@ from brokerd.base.journal import log_event
 from brokerd.base.process import Identity, ProcessId
 from brokerd.core.changes import ChangeFeed
 from brokerd.core.liveness import ProcessWatcher
-from brokerd.core.plugins import ContainerKeeper
+from brokerd.core.plugins import ContainerKeeper, ContainerStopped
 from brokerd.leasing.errors import Ended, LeaseError
 from brokerd.leasing.manager import LeaseManager
 from brokerd.leasing.model import Lease
@@ -82,6 +82,11 @@ class ContainerHolds:
                   lease_id=lease.id, user=lease.holder.user, device_uuids=lease.devices, pid=hold.init.pid)
         self.changes.changed()
         return lease
+
+    def stopped(self) -> list[ContainerStopped]:
+        """The containers stopped lately for starting outside a live lease (`vaccel status`)."""
+        keeper = self._keeper()
+        return keeper.stopped_containers() if keeper is not None else []
 
     async def runs_inside(self, caller: Identity, lease: Lease) -> bool:
         keeper = self._keeper()

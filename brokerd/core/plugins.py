@@ -15,6 +15,7 @@ container itself when its lease ends (a lease hook), and when the core asks (`st
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Hashable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from brokerd.base.process import Holder, Identity
@@ -56,6 +57,20 @@ class Reporter(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class ContainerStopped:
+    """A container the broker stopped because it started outside a live lease (`vaccel status`)."""
+
+    engine: str
+    id: str
+    name: str
+    image: str
+    reason: str  # why, in words
+    at: float
+    lease_id: str  # the ended lease whose label it carried, "" none
+    user: str  # that lease's user, "" none
+
+
 class ContainerKeeper(Protocol):
     async def confirm(self, lease: Lease, caller: Identity, container: str, init_pid: int,
                       shown: tuple[str, str]) -> ContainerHold:
@@ -72,4 +87,8 @@ class ContainerKeeper(Protocol):
 
     def stop_container(self, lease: Lease) -> None:
         """Stop the lease's container (in the background): its lease ended as it was applied."""
+        ...
+
+    def stopped_containers(self) -> list[ContainerStopped]:
+        """The containers it stopped lately for starting outside a live lease, newest last."""
         ...

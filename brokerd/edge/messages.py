@@ -170,6 +170,10 @@ def status_reply(service: BrokerService, identity: Identity) -> pb.StatusReply:
     for verdict in status.probes:
         reply.probes.append(pb.ProbeVerdict(vendor=verdict.vendor, available=verdict.available,
                                             reason=verdict.reason))
+    for stop in service.holds.stopped():
+        reply.stopped_containers.append(pb.ContainerStop(
+            engine=stop.engine, id=stop.id, name=stop.name, image=stop.image, reason=stop.reason, at=stop.at,
+            lease_id=stop.lease_id, user=stop.user))
     if status.outside is not None:
         add_outside(reply, status.outside)
     else:

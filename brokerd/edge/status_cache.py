@@ -34,6 +34,7 @@ def fingerprint(service: BrokerService) -> Hashable:
         tuple((request.id, request.reason) for request in manager.queue),
         tuple(manager.drained.items()), tuple(manager.unavailable.items()), len(manager.ended),
         service.allocator.version() if service.allocator is not None else None,
+        tuple((stop.id, stop.at) for stop in service.holds.stopped()),
     )
 
 

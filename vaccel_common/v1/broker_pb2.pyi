@@ -398,7 +398,7 @@ class ProbeVerdict(_message.Message):
     def __init__(self, vendor: _Optional[str] = ..., available: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("hostname", "devices", "queue", "unleased_processes", "probes", "version", "simulated", "enforcement", "usage", "slurm_mode")
+    __slots__ = ("hostname", "devices", "queue", "unleased_processes", "probes", "version", "simulated", "enforcement", "usage", "slurm_mode", "stopped_containers")
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
@@ -409,6 +409,7 @@ class StatusReply(_message.Message):
     ENFORCEMENT_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     SLURM_MODE_FIELD_NUMBER: _ClassVar[int]
+    STOPPED_CONTAINERS_FIELD_NUMBER: _ClassVar[int]
     hostname: str
     devices: _containers.RepeatedCompositeFieldContainer[Device]
     queue: _containers.RepeatedCompositeFieldContainer[QueueEntry]
@@ -419,7 +420,28 @@ class StatusReply(_message.Message):
     enforcement: str
     usage: _containers.RepeatedCompositeFieldContainer[UserUsage]
     slurm_mode: str
-    def __init__(self, hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., queue: _Optional[_Iterable[_Union[QueueEntry, _Mapping]]] = ..., unleased_processes: _Optional[_Iterable[_Union[GpuProcess, _Mapping]]] = ..., probes: _Optional[_Iterable[_Union[ProbeVerdict, _Mapping]]] = ..., version: _Optional[str] = ..., simulated: _Optional[bool] = ..., enforcement: _Optional[str] = ..., usage: _Optional[_Iterable[_Union[UserUsage, _Mapping]]] = ..., slurm_mode: _Optional[str] = ...) -> None: ...
+    stopped_containers: _containers.RepeatedCompositeFieldContainer[ContainerStop]
+    def __init__(self, hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., queue: _Optional[_Iterable[_Union[QueueEntry, _Mapping]]] = ..., unleased_processes: _Optional[_Iterable[_Union[GpuProcess, _Mapping]]] = ..., probes: _Optional[_Iterable[_Union[ProbeVerdict, _Mapping]]] = ..., version: _Optional[str] = ..., simulated: _Optional[bool] = ..., enforcement: _Optional[str] = ..., usage: _Optional[_Iterable[_Union[UserUsage, _Mapping]]] = ..., slurm_mode: _Optional[str] = ..., stopped_containers: _Optional[_Iterable[_Union[ContainerStop, _Mapping]]] = ...) -> None: ...
+
+class ContainerStop(_message.Message):
+    __slots__ = ("engine", "id", "name", "image", "reason", "at", "lease_id", "user")
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    engine: str
+    id: str
+    name: str
+    image: str
+    reason: str
+    at: float
+    lease_id: str
+    user: str
+    def __init__(self, engine: _Optional[str] = ..., id: _Optional[str] = ..., name: _Optional[str] = ..., image: _Optional[str] = ..., reason: _Optional[str] = ..., at: _Optional[float] = ..., lease_id: _Optional[str] = ..., user: _Optional[str] = ...) -> None: ...
 
 class UserUsage(_message.Message):
     __slots__ = ("user", "uid", "policy", "devices_held", "max_devices", "waiting", "max_waiting", "device_hours", "max_device_hours", "window_s", "fair_usage")

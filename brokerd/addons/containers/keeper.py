@@ -9,10 +9,12 @@ and followed across a reload.
 Stopping, at any end of a lease (release, revoke, time limit, idle reclaim, the holder's or the
 container's exit): every running container the engines list with the lease's label and confirm
 as the lease's user's (membership.py: the labels, and its init in its own cgroup), including
-one started as the lease ended, before its client could name it; for a rootless container, its
-init, if it is still the same process of the holder's uid. SIGTERM to the init, SIGKILL after
-`[containers] stop_grace`. The freed devices are granted meanwhile, as after any end: the stop
-runs beside the hand-over, like the clean-up of brokerd/core/reaper.py.
+one started as the lease ended, before its client could name it, but not one whose label came
+from its image (a container of an image committed from the lease's: verdict.py); for a
+rootless container, its init, if it is still the same process of the holder's uid. A
+container that starts after its lease's end is the start guard's (guard.py: engine events).
+SIGTERM to the init, SIGKILL after `[containers] stop_grace`. The freed devices are granted
+meanwhile, as after any end: the stop runs beside the hand-over, like the clean-up of brokerd/core/reaper.py.
 """
 
 from __future__ import annotations
@@ -23,12 +25,15 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from brokerd.addons.containers.guard import StartGuard
 from brokerd.addons.containers.info import EngineError
 from brokerd.addons.containers.membership import LEASE_LABEL, USER_LABEL, Containers, RootlessContainer
+from brokerd.addons.containers.verdict import own_lease_label
 from brokerd.addons.containers.warning import Warnings
 from brokerd.base.journal import log_event
 from brokerd.base.process import Identity, ProcessId
 from brokerd.base.procinfo import start_time
+from brokerd.core.plugins import ContainerStopped
 from brokerd.leasing.errors import LeaseError, NotFound
 from brokerd.leasing.hooks import LeaseHook
 from brokerd.leasing.model import ContainerHold, Lease
@@ -53,6 +58,8 @@ class ContainerKeeper(LeaseHook):
         # had one at a restart), so that a change of the broker's state looks at those only.
         self._applied: set[str] = set()
         self.warnings = Warnings(self._held_leases, time.time)
+        self.guard = StartGuard(service)
+        self._following = False  # started: the engines' events are followed (start)
 
     # -- the engines, as configured now ----------------------------------------------
 
@@ -61,12 +68,24 @@ class ContainerKeeper(LeaseHook):
         sockets = (config.containers_docker, config.containers_podman)
         if sockets != self._sockets:
             old, self._engines, self._sockets = self._engines, Containers.configured(*sockets), sockets
+            if self._following:
+                self._spawn(self.guard.follow(self._engines))
             if old is not None:
                 self._spawn(old.close())
         return self._engines
 
+    def start(self) -> None:
+        """Follow the configured engines' events from now on (the daemon's loop runs, the
+        leases are restored): a container that starts outside a live lease is stopped."""
+        self._following = True
+        self._spawn(self.guard.follow(self.engines()))
+
+    def stopped_containers(self) -> list[ContainerStopped]:
+        return self.guard.stopped()
+
     async def close(self) -> None:
         self.warnings.close()
+        await self.guard.close()
         for task in list(self._tasks):
             task.cancel()
         if self._engines is not None:
@@ -151,8 +170,10 @@ class ContainerKeeper(LeaseHook):
             self._spawn(self._stop(lease))
 
     def changed(self) -> None:
-        """After every change of the broker's state: move the warnings' timers."""
+        """After every change of the broker's state: move the warnings' timers, and follow
+        the engines a reload configured."""
         self.warnings.changed()
+        self.engines()
 
     def _held_leases(self) -> list[Lease]:
         leases = self._service.manager.leases
@@ -181,7 +202,12 @@ class ContainerKeeper(LeaseHook):
         if engines is None:
             return []
         stopped = []
+        confirmed = lease.container.id if lease.container is not None else ""
         for info in await engines.lease_containers(lease.id, lease.holder.user):
+            # Not one whose label its image gave it (an image committed from the lease's
+            # container): that container was never made for this lease.
+            if info.id != confirmed and own_lease_label(info.labels, await engines.image_labels(info)) != lease.id:
+                continue
             try:
                 if await engines.stop(info, grace_s):
                     stopped.append(info.name or info.id[:12])

@@ -149,6 +149,15 @@ class Containers:
                     found.append(info)
         return found
 
+    async def image_labels(self, info: ContainerInfo) -> dict[str, str]:
+        """The labels of the container's image, as the engine that described it has them."""
+        engine = next((e for e in self.engines if e.engine == info.engine), None)
+        try:
+            return await engine.image_labels(info.image_id) if engine is not None else {}
+        except EngineError as exc:
+            log.warning("containers: %s", exc)
+            return {}
+
     async def stop(self, info: ContainerInfo, grace_s: float) -> bool:
         """Stop a container found above, through the engine that described it (SIGTERM, then
         SIGKILL after the grace); False when it had already stopped. Raises EngineError."""
