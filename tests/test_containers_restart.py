@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, Broker
-from tests.container_engine import IMAGE, DockerEngine
+from tests.container_engine import IMAGE, PODMAN_IMAGE, DockerEngine
+from tests.podman_engine import RootfulPodman
 from tests.test_containers_lease import config_for, lease_id_in, running, status, wait_for
 from tests.test_containers_run import UUIDS, gpu_nodes  # noqa: F401 - gpu_nodes: fixture
 
@@ -155,3 +156,48 @@ def test_a_container_of_a_committed_image_survives_the_original_leases_end(host:
     finally:
         engine.docker("rm", "-f", "from-commit")
         engine.docker("rmi", "vaccel-committed:1")
+
+
+def test_a_plain_container_given_a_leased_devices_node_is_stopped(host: Broker, engine: DockerEngine,
+                                                                   gpu_nodes: list[str]):  # noqa: F811 - fixture
+    other = hold(host, "gpu1")
+    try:
+        theirs = wait_for(lambda: lease_on(host, "gpu1"), what="the other lease")
+        # No vaccel, no label: the node under another name (a symlink) is the same device.
+        link = Path(gpu_nodes[1]).with_name("another-name")
+        link.symlink_to(gpu_nodes[1])
+        try:
+            engine.docker("run", "-d", *engine.image_args(), "--device", f"{link}:/dev/x", "--name", "sneaky",
+                          IMAGE, "sleep", "600", check=True)
+            stop = wait_for(lambda: stopped_for(host, "sneaky"), 60, "the broker stopped it")
+        finally:
+            link.unlink()
+        assert not running(engine, "sneaky")
+        assert stop["lease_id"] == "" and f"leased to root (lease {theirs['lease_id']})" in stop["reason"], stop
+        # A plain container given no device runs on.
+        engine.docker("run", "-d", *engine.image_args(), "--name", "harmless", IMAGE, "sleep", "600", check=True)
+        assert running(engine, "harmless")
+        assert lease_on(host, "gpu1")["lease_id"] == theirs["lease_id"] and other.poll() is None
+    finally:
+        other.kill()
+        other.wait(10)
+
+
+def test_rootful_podman_the_next_morning_the_same_way(start_broker, inventory: Path,
+                                                      rootful_podman: RootfulPodman):
+    broker = start_broker(inventory, f'[containers]\npodman = "{rootful_podman.host}"\nstop_grace = "1s"\n')
+    podman = ["/usr/bin/podman", "run", "-d", "--name", "podman-nb", *rootful_podman.image_args(), PODMAN_IMAGE,
+              "sleep", "600"]
+    r = broker.vaccel("run", "--device", "gpu0", "--", *podman, env={**broker.env, **rootful_podman.env},
+                      timeout=120)
+    assert r.returncode == 0, r.stderr
+    old = lease_id_in(r.stderr)
+    try:
+        rootful_podman.podman("stop", "podman-nb", check=True)
+        wait_for(lambda: ended(broker, old), what="the lease ended with its container")
+        rootful_podman.podman("start", "podman-nb", check=True)
+        stop = wait_for(lambda: stopped_for(broker, "podman-nb"), 60, "the broker stopped it")
+        assert stop["engine"] == "podman" and stop["lease_id"] == old
+        wait_for(lambda: rootful_podman.inspect("podman-nb", "{{.State.Running}}") == "false", 30, "stopped")
+    finally:
+        rootful_podman.podman("rm", "-f", "podman-nb")
