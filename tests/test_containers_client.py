@@ -242,7 +242,7 @@ def test_a_real_gpu_lease_on_docker_uses_its_gpus_option_and_the_runtime_variabl
     assert {"VACCEL_LEASE_ID=l-7", "CUDA_VISIBLE_DEVICES=GPU-b,GPU-d", "NVIDIA_VISIBLE_DEVICES=GPU-b,GPU-d",
             "VACCEL_SOCKET=/run/vaccel/brokerd.sock", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"} <= set(env)
     assert pairs(argv, "--mount") == ["type=bind,src=/run/vaccel,dst=/run/vaccel"]
-    assert pairs(argv, "--label") == ["org.vaccel.lease=l-7", "org.vaccel.user=alice"]
+    assert pairs(argv, "--label") == ["org.vaccel.lease=l-7", "org.vaccel.user=alice", "org.vaccel.devices=GPU-b,GPU-d"]
     assert (pairs(argv, "--cidfile"), cidfile) == (["/tmp/x/cid"], "/tmp/x/cid")
     assert "--init" in argv
     assert argv[:3] == ["docker", "run", "--rm"] and argv[-3:] == ["img", "python3", "t.py"]

@@ -6,7 +6,9 @@ tests/test_containers_run.py.
   its GPU is stopped (the journal and `vaccel status` say why), the other lease untouched;
 - a `--restart always` container of an ended lease is not running after an engine restart;
 - one that started while the broker was down is stopped when the broker starts;
-- a container of an image committed from a leased container survives that lease's end.
+- a container of an image committed from a leased container survives that lease's end;
+- `vaccel run [lease options] -- docker start [-a] NAME` leases exactly the devices the container
+  was made with, waits for them in the queue, and the lease then follows the container.
 Each waits for the event (the stop), never for a time; the start-to-stop times are printed.
 """
 
@@ -26,7 +28,7 @@ import pytest
 from tests.conftest import ROOT, Broker
 from tests.container_engine import IMAGE, PODMAN_IMAGE, DockerEngine
 from tests.podman_engine import RootfulPodman
-from tests.test_containers_lease import config_for, lease_id_in, running, status, wait_for
+from tests.test_containers_lease import config_for, holder_of, lease_id_in, running, status, wait_for
 from tests.test_containers_run import UUIDS, gpu_nodes  # noqa: F401 - gpu_nodes: fixture
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mknod and a private dockerd need root")
@@ -201,3 +203,69 @@ def test_rootful_podman_the_next_morning_the_same_way(start_broker, inventory: P
         wait_for(lambda: rootful_podman.inspect("podman-nb", "{{.State.Running}}") == "false", 30, "stopped")
     finally:
         rootful_podman.podman("rm", "-f", "podman-nb")
+
+
+# -- the way back: vaccel run -- docker start [-a] NAME --------------------------------------
+
+
+def made_and_ended(broker: Broker, engine: DockerEngine, name: str, device: str) -> str:
+    old = detached(broker, engine, device, "--name", name, IMAGE, "sleep", "600")
+    engine.docker("stop", name, check=True)
+    wait_for(lambda: ended(broker, old), what="the old lease ended with its container")
+    return old
+
+
+def test_docker_start_a_waits_for_the_containers_own_device_and_the_lease_follows_it(
+        host: Broker, engine: DockerEngine):
+    old = made_and_ended(host, engine, "zhang-again", "gpu1")
+    other = hold(host, "gpu1")  # someone else holds its device now
+    run = None
+    try:
+        run = subprocess.Popen([sys.executable, "-m", "vaccel.cli", "run", "--time", "1h", "--", "/usr/bin/docker",
+                                "start", "-a", "zhang-again"], env={**host.env, "DOCKER_HOST": engine.host},
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: any(q["devices"] == ["gpu1"] for q in status(host)["queue"]), what="it waits for gpu1")
+        assert not running(engine, "zhang-again")
+        other.kill()
+        other.wait(10)
+        new = lease_id_in(next(line for line in run.stderr if "vaccel: lease " in line))  # after the queue's lines
+        assert new != old
+        holder = wait_for(lambda: (h := holder_of(host, new)) and h["container"] and h, what="the lease follows it")
+        assert holder["container"]["name"] == "zhang-again" and holder["pid"] == run.pid
+        device = next(d for d in status(host)["devices"] if d["lease_id"] == new)
+        assert device["label"] == "gpu1" and running(engine, "zhang-again")
+        assert stopped_for(host, "zhang-again") is None  # its old label did not get it stopped
+        engine.docker("stop", "zhang-again", check=True)  # its exit ends the new lease
+        run.wait(60)
+        wait_for(lambda: ended(host, new), what="the new lease ended with the container")
+    finally:
+        for proc in (other, run):
+            if proc is not None:
+                proc.kill()
+                proc.wait(10)
+
+
+def test_docker_start_without_a_hands_the_lease_to_the_container_until_release(host: Broker, engine: DockerEngine):
+    made_and_ended(host, engine, "zhang-bg", "gpu0")
+    r = host.vaccel("run", "--", "/usr/bin/docker", "start", "zhang-bg", env={**host.env, "DOCKER_HOST": engine.host},
+                    timeout=120)
+    assert r.returncode == 0, r.stderr
+    new = lease_id_in(r.stderr)
+    assert f"lease {new} is held by container zhang-bg" in r.stderr
+    holder = holder_of(host, new)
+    assert holder is not None and holder["container"]["name"] == "zhang-bg" and running(engine, "zhang-bg")
+    assert host.vaccel("release", new).returncode == 0
+    wait_for(lambda: not running(engine, "zhang-bg"), 60, "release stops it")
+    assert "stopped container zhang-bg" in host.log.read_text()
+
+
+def test_docker_start_refuses_device_options_and_containers_not_made_under_vaccel(host: Broker,
+                                                                                 engine: DockerEngine):
+    made_and_ended(host, engine, "zhang-opts", "gpu0")
+    env = {**host.env, "DOCKER_HOST": engine.host}
+    r = host.vaccel("run", "--gpus", "1", "--", "/usr/bin/docker", "start", "zhang-opts", env=env)
+    assert r.returncode == 2 and "not --gpus" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    engine.docker("create", *engine.image_args(), "--name", "plain-one", IMAGE, "sleep", "600", check=True)
+    r = host.vaccel("run", "--", "/usr/bin/docker", "start", "plain-one", env=env)
+    assert r.returncode == 2 and "was not made under vaccel run" in r.stderr, r.stderr
+    assert not running(engine, "plain-one") and not running(engine, "zhang-opts")

@@ -51,13 +51,17 @@ class ContainerHolds:
             raise LeaseError("this broker keeps no containers: it cannot apply a lease to one")
         return keeper
 
-    async def attach(self, caller: Identity, lease_id: str, container: str, init_pid: int, *, held: bool,
-                     warn_signal: int, shown: tuple[str, str]) -> Lease:
+    async def attach(self, caller: Identity, lease_id: str, container: str, init_pid: int, *, held: bool = False,
+                     warn_signal: int = 0, shown: tuple[str, str] = ("", ""), starting: bool = False) -> Lease:
         """Apply lease `lease_id` (the caller's: the service checked) to the container the caller
         started for it; the Lease as it is now. LeaseError when the container is not confirmed
-        as the lease's, has exited, or the lease has another container already."""
+        as the lease's, has exited, or the lease has another container already. `starting`:
+        only let that existing container start under the lease (the keeper's `let_start`)."""
         keeper = self._confirmer()
         lease = self.manager.active(lease_id)
+        if starting:
+            await keeper.let_start(lease, container)
+            return lease
         if lease.container is not None:
             if container and lease.container.id == container:
                 return lease  # the same call again (its reply was lost)

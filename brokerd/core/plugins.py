@@ -89,6 +89,11 @@ class ContainerKeeper(Protocol):
         """Stop the lease's container (in the background): its lease ended as it was applied."""
         ...
 
+    async def let_start(self, lease: Lease, container: str) -> None:
+        """Let an existing container start under `lease` (`vaccel run -- docker start NAME`), once
+        its engine shows it is the lease's user's and made with the lease's devices; LeaseError else."""
+        ...
+
     def stopped_containers(self) -> list[ContainerStopped]:
         """The containers it stopped lately for starting outside a live lease, newest last."""
         ...

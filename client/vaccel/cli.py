@@ -117,6 +117,12 @@ def cmd_run(args: argparse.Namespace) -> int:
                        "the lease (vaccel reserve), not to the run", EXIT_USAGE)
     warn_signal = signal_number(args.signal)
     container = _container_run(command)
+    if getattr(container, "starts", False):  # `docker start NAME`: the devices it was made with, no others
+        if args.lease or devices or args.gpus is not None or args.memory:
+            raise CliError(f"{' '.join(command[:2])} under vaccel run leases the devices the container was made with: "
+                           "give lease options (--time, --wait) only, not --gpus, --device, --memory or --lease",
+                           EXIT_USAGE)
+        gpus, devices = len(container.devices), container.devices  # type: ignore[union-attr]
     if not args.lease:  # a login node in [slurm] mode = "submit": Slurm runs it (vaccel/slurm_submit.py)
         from vaccel.slurm_submit import run_from_cli
 
@@ -162,6 +168,10 @@ def _container_run(command: list[str]) -> ContainerRun | None:
         run = recognise(command)
         if run is not None:
             container_rules.check(run)
+        else:  # `docker start NAME`, `docker restart NAME`: the way back to a container (container_start.py)
+            from vaccel.container_start import recognise_start
+
+            return recognise_start(command)  # type: ignore[return-value]
     except ContainerRefused as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
     return run

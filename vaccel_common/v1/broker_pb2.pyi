@@ -33,7 +33,7 @@ class ContainerHolder(_message.Message):
     def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., image: _Optional[str] = ..., engine: _Optional[str] = ...) -> None: ...
 
 class AttachContainerRequest(_message.Message):
-    __slots__ = ("lease_id", "container_id", "init_pid", "held", "warn_signal", "name", "image")
+    __slots__ = ("lease_id", "container_id", "init_pid", "held", "warn_signal", "name", "image", "starting")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
     INIT_PID_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +41,7 @@ class AttachContainerRequest(_message.Message):
     WARN_SIGNAL_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
+    STARTING_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     container_id: str
     init_pid: int
@@ -48,7 +49,8 @@ class AttachContainerRequest(_message.Message):
     warn_signal: int
     name: str
     image: str
-    def __init__(self, lease_id: _Optional[str] = ..., container_id: _Optional[str] = ..., init_pid: _Optional[int] = ..., held: _Optional[bool] = ..., warn_signal: _Optional[int] = ..., name: _Optional[str] = ..., image: _Optional[str] = ...) -> None: ...
+    starting: bool
+    def __init__(self, lease_id: _Optional[str] = ..., container_id: _Optional[str] = ..., init_pid: _Optional[int] = ..., held: _Optional[bool] = ..., warn_signal: _Optional[int] = ..., name: _Optional[str] = ..., image: _Optional[str] = ..., starting: _Optional[bool] = ...) -> None: ...
 
 class Device(_message.Message):
     __slots__ = ("index", "uuid", "vendor", "name", "memory_mib", "pci_bus_id", "arch", "driver_version", "memory_bandwidth_gbps", "healthy", "health_reason", "simulated", "numa_node", "backend", "state", "lease_id", "holder", "since", "memory_used_mib", "interconnect_group", "runtime_version", "compute_capability", "visible_id", "drain_reason", "gated", "time_left_s", "device_nodes", "utilization", "gate_reason", "label", "mig_index", "parent_uuid", "mig_profile", "sharing", "shares")

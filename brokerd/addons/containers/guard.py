@@ -33,6 +33,7 @@ class StartGuard:
         self._followers: list[Follower] = []
         self._stopping: set[str] = set()
         self._stopped: deque[ContainerStopped] = deque(maxlen=KEPT)
+        self.let_start: dict[str, str] = {}  # container id -> the live lease it may start under
 
     @property
     def followers(self) -> list[Follower]:
@@ -54,6 +55,11 @@ class StartGuard:
         for follower in followers:
             await follower.close()
 
+    def forget(self, lease_id: str) -> None:
+        """The lease ended: a container it was let start is judged by its label again."""
+        for container in [c for c, lease in self.let_start.items() if lease == lease_id]:
+            del self.let_start[container]
+
     def stopped(self) -> list[ContainerStopped]:
         """The containers stopped for starting outside a live lease, the last day's, newest last."""
         since = time.time() - SHOWN_FOR_S
@@ -61,7 +67,8 @@ class StartGuard:
 
     async def judge(self, engine: EngineClient, info: ContainerInfo, image_labels: dict[str, str], how: str) -> None:
         manager = self._service.manager
-        reason = why_stop(info, image_labels, manager.leases, manager.ended, list(manager.devices.values()))
+        reason = why_stop(info, image_labels, manager.leases, manager.ended, list(manager.devices.values()),
+                          self.let_start)
         if not reason or info.id in self._stopping:
             return
         self._stopping.add(info.id)

@@ -28,7 +28,7 @@ from typing import Any
 from brokerd.addons.containers.guard import StartGuard
 from brokerd.addons.containers.info import EngineError
 from brokerd.addons.containers.membership import LEASE_LABEL, USER_LABEL, Containers, RootlessContainer
-from brokerd.addons.containers.verdict import own_lease_label
+from brokerd.addons.containers.verdict import held_devices, own_lease_label
 from brokerd.addons.containers.warning import Warnings
 from brokerd.base.journal import log_event
 from brokerd.base.process import Identity, ProcessId
@@ -104,7 +104,8 @@ class ContainerKeeper(LeaseHook):
         named = container[:12] or f"with init pid {init_pid}"
         if container and engines is not None:
             await engines.started(container, START_WAIT_S)
-            info = await engines.named_container(container, lease.id, lease.holder.user)
+            relabelled = self.guard.let_start.get(container) == lease.id
+            info = await engines.named_container(container, lease.id, lease.holder.user, relabelled)
             started = start_time(info.pid) if info is not None else None
             if info is not None and started is not None:
                 self._applied.add(lease.id)
@@ -146,6 +147,25 @@ class ContainerKeeper(LeaseHook):
         finally:
             held.close()
 
+    async def let_start(self, lease: Lease, container: str) -> None:
+        """Let the container start under `lease` (`vaccel run -- docker start NAME`): it must be
+        the lease's user's (its engine's label) and made with the lease's devices, no other."""
+        engines = self.engines()
+        info = await engines.described(container) if engines is not None and container else None
+        named = container[:12]
+        if info is None or info.id != container:
+            raise NotFound(f"no engine the broker asks knows container {named} (by its full id)")
+        if info.labels.get(USER_LABEL) != lease.holder.user:
+            raise LeaseError(f"container {info.name or named} was not made by {lease.holder.user} under vaccel run: "
+                             "it cannot start under their lease")
+        manager = self._service.manager
+        made_with = {device.uuid for device in held_devices(info, list(manager.devices.values()))}
+        if not made_with or made_with != set(lease.devices):
+            shown = ", ".join(sorted(d.label for d in manager.devices.values() if d.uuid in made_with)) or "none"
+            raise LeaseError(f"container {info.name or named} was made with devices {shown}, lease {lease.id} holds "
+                             "others: lease exactly its devices")
+        self.guard.let_start[info.id] = lease.id
+
     async def runs_inside(self, caller: Identity, lease: Lease) -> bool:
         engines = self.engines()
         if engines is None:
@@ -166,6 +186,7 @@ class ContainerKeeper(LeaseHook):
     def ended(self, lease: Lease) -> None:
         self._applied.discard(lease.id)
         self.warnings.forget(lease.id)
+        self.guard.forget(lease.id)
         if lease.container is not None or self.engines() is not None:
             self._spawn(self._stop(lease))
 
@@ -203,7 +224,11 @@ class ContainerKeeper(LeaseHook):
             return []
         stopped = []
         confirmed = lease.container.id if lease.container is not None else ""
-        for info in await engines.lease_containers(lease.id, lease.holder.user):
+        found = await engines.lease_containers(lease.id, lease.holder.user)
+        if confirmed and all(info.id != confirmed for info in found):  # started again under this lease
+            again = await engines.named_container(confirmed, lease.id, lease.holder.user, relabelled=True)
+            found += [again] if again is not None else []
+        for info in found:
             # Not one whose label its image gave it (an image committed from the lease's
             # container): that container was never made for this lease.
             if info.id != confirmed and own_lease_label(info.labels, await engines.image_labels(info)) != lease.id:

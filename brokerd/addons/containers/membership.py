@@ -103,17 +103,21 @@ class Containers:
         info = await self.container_of(pid)
         return info if info is not None and info.labels.get(LEASE_LABEL) == lease_id else None
 
-    async def named_container(self, container: str, lease_id: str, user: str) -> ContainerInfo | None:
+    async def named_container(self, container: str, lease_id: str, user: str,
+                              relabelled: bool = False) -> ContainerInfo | None:
         """The container a client names, when it is lease `lease_id`'s (started by `user`) and
         running, with its init in that container's cgroup; None otherwise. Only a full id is
-        looked up: an engine takes a short prefix or a name too, which could match another."""
+        looked up: an engine takes a short prefix or a name too, which could match another.
+        `relabelled`: the lease was let start it (`vaccel run -- docker start`), so it carries
+        an older lease's label; its user's label must still be `user`."""
         if not _FULL_ID.fullmatch(container):
             return None
         for engine in self.engines:
             info = await self._inspect(engine, container)
             if info is None:
                 continue
-            labelled = info.labels.get(LEASE_LABEL) == lease_id and info.labels.get(USER_LABEL) == user
+            labelled = ((relabelled or info.labels.get(LEASE_LABEL) == lease_id)
+                        and info.labels.get(USER_LABEL) == user)
             ref = locate.container_of(info.pid, self.proc_root) if info.running and info.pid else None
             return info if labelled and ref is not None and ref.id == info.id else None
         return None

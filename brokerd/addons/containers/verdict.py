@@ -7,6 +7,8 @@ A container is stopped when
   old lease's devices and variables baked in, and that lease is over;
 - it was given a device node (or the folder above one, or a device request naming it) of a
   device that is leased now, and the lease holding it is not the one it carries.
+A container a live lease was let start (`vaccel run -- docker start NAME`: the broker checked
+it is that lease's user's and made with its devices) counts as that lease's.
 
 A label the container's image carries too is not the container's own: an image committed
 from a leased container (`docker commit`) bakes the lease's labels in, and a plain container
@@ -32,9 +34,12 @@ def own_lease_label(labels: Mapping[str, str], image_labels: Mapping[str, str]) 
 
 
 def why_stop(info: ContainerInfo, image_labels: Mapping[str, str], active: Mapping[str, Lease],
-             ended: Mapping[str, Lease], devices: Sequence[Device]) -> str:
-    """Why the container must not run, in words ("" = it may)."""
-    lease_id = own_lease_label(info.labels, image_labels)
+             ended: Mapping[str, Lease], devices: Sequence[Device], let_start: Mapping[str, str]) -> str:
+    """Why the container must not run, in words ("" = it may). `let_start`: container id ->
+    the live lease it was let start under (`vaccel run -- docker start`), whatever its label."""
+    lease_id = let_start.get(info.id, "")
+    if lease_id not in active:
+        lease_id = own_lease_label(info.labels, image_labels)
     if lease_id and lease_id not in active:
         old = ended.get(lease_id)
         how = f" ({old.state}: {old.end_reason})" if old is not None and old.end_reason else ""
