@@ -214,9 +214,11 @@ class ContainerKeeper(LeaseHook):
                       lease_id=lease.id, level=logging.ERROR)
             return
         if stopped:
+            engine = {ROOTLESS: "podman"}.get(hold.engine, hold.engine) if hold is not None else "docker"
             log_event("container_stop", f"lease {lease.id} ended ({lease.state}): stopped container "
-                      f"{', '.join(stopped)} (SIGTERM, SIGKILL after {grace:g}s)", lease_id=lease.id,
-                      user=lease.holder.user, device_uuids=lease.devices)
+                      f"{', '.join(stopped)} (SIGTERM, SIGKILL after {grace:g}s); started outside a lease it is "
+                      f"stopped again: `vaccel run -- {engine} start -a {stopped[0]}` runs it under a new lease",
+                      lease_id=lease.id, user=lease.holder.user, device_uuids=lease.devices)
 
     async def _stop_rootful(self, lease: Lease, grace_s: float) -> list[str]:
         engines = self.engines()
