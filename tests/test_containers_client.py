@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -294,3 +296,13 @@ def test_a_socket_folder_with_a_comma_stays_one_mount_field():
     odd = ContainerLease("l-1", "bob", "cuda", True, (), {}, "/tmp/a,b/brokerd.sock")
     argv, _ = apply(run_of("docker", "run", "img"), odd, "/c")
     assert pairs(argv, "--mount") == ['type=bind,"src=/tmp/a,b","dst=/tmp/a,b"']
+
+
+@pytest.mark.parametrize("command", [["docker-compose", "up"], ["docker", "compose", "up", "-d"],
+                                     ["podman-compose", "up"], ["/usr/bin/docker", "-H", "unix:///x", "compose", "run",
+                                                                "train"]])
+def test_compose_under_vaccel_run_is_refused_in_one_line_saying_what_to_do(command: list[str], tmp_path):
+    r = subprocess.run([sys.executable, "-m", "vaccel.cli", "run", "--gpus", "1", "--", *command], capture_output=True,
+                       text=True, timeout=60, env={**os.environ, "VACCEL_SOCKET": str(tmp_path / "none.sock")})
+    assert r.returncode == 2, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "vaccel run [lease options] -- docker run" in r.stderr, r.stderr

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import signal
 import subprocess
 import sys
@@ -269,3 +270,40 @@ def test_docker_start_refuses_device_options_and_containers_not_made_under_vacce
     r = host.vaccel("run", "--", "/usr/bin/docker", "start", "plain-one", env=env)
     assert r.returncode == 2 and "was not made under vaccel run" in r.stderr, r.stderr
     assert not running(engine, "plain-one") and not running(engine, "zhang-opts")
+
+
+# -- detach: Ctrl-P Ctrl-Q hands the lease to the container -------------------------------------
+
+
+def test_detaching_from_a_foreground_container_hands_it_the_lease(host: Broker, engine: DockerEngine):
+    primary, secondary = pty.openpty()  # docker run -it needs a terminal, and reads Ctrl-P Ctrl-Q from it
+    run = subprocess.Popen([sys.executable, "-m", "vaccel.cli", "run", "--device", "gpu0", "--", *keep_args(engine),
+                            "--rm", "-it", "--name", "fg-detach", IMAGE, "sleep", "600"],
+                           env={**host.env, "DOCKER_HOST": engine.host}, stdin=secondary, stdout=secondary,
+                           stderr=subprocess.PIPE, text=True)
+    os.close(secondary)
+    try:
+        lease_id = lease_id_in(run.stderr.readline())
+        wait_for(lambda: (h := holder_of(host, lease_id)) and h["container"], what="the container named")
+        os.write(primary, b"\x10\x11")  # Ctrl-P Ctrl-Q
+        assert run.wait(60) == 0
+        said = run.stderr.read()
+        assert f"vaccel: detached: lease {lease_id} is held by container fg-detach" in said, said
+        holder = holder_of(host, lease_id)
+        assert holder is not None and holder["pid"] == int(engine.inspect("fg-detach", "{{.State.Pid}}"))
+        assert running(engine, "fg-detach")
+        assert host.vaccel("release", lease_id).returncode == 0
+        wait_for(lambda: not running(engine, "fg-detach"), 60, "release stops it")
+    finally:
+        run.kill()
+        run.wait(10)
+        os.close(primary)
+
+
+def test_detached_run_inside_a_reservation_is_refused_in_one_line(host: Broker, engine: DockerEngine):
+    lease_id = json.loads(host.vaccel("reserve", "--device", "gpu0", "--time", "1h", "--json").stdout)["lease_id"]
+    r = host.vaccel("run", "--lease", lease_id, "--", *keep_args(engine), "-d", "--name", "in-reservation", IMAGE,
+                    "sleep", "600", env={**host.env, "DOCKER_HOST": engine.host})
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "reservation alone" in r.stderr and engine.docker("inspect", "in-reservation").returncode != 0
+    assert lease_on(host, "gpu0")["lease_id"] == lease_id  # the reservation stays

@@ -63,6 +63,8 @@ class ContainerHolds:
             await keeper.let_start(lease, container)
             return lease
         if lease.container is not None:
+            if container and lease.container.id == container and held and not lease.container.held:
+                return await self._detached(lease)
             if container and lease.container.id == container:
                 return lease  # the same call again (its reply was lost)
             raise LeaseError(f"lease {lease_id} is applied to container {lease.container.name} already")
@@ -84,6 +86,20 @@ class ContainerHolds:
         log_event("container", f"lease {lease.id} of {lease.holder.user} applied to {hold.engine} container "
                   f"{hold.name or hold.id[:12]} (init pid {hold.init.pid})" + (", which holds it" if held else ""),
                   lease_id=lease.id, user=lease.holder.user, device_uuids=lease.devices, pid=hold.init.pid)
+        self.changes.changed()
+        return lease
+
+    async def _detached(self, lease: Lease) -> Lease:
+        """The foreground container was detached from (Ctrl-P Ctrl-Q): it holds the lease alone
+        from now on, as if started with -d; its client's exit no longer ends the lease."""
+        assert lease.container is not None
+        asked_by = lease.holder.process
+        self.manager.hold_by_container(lease.id, replace(lease.container, held=True))
+        await self.store.save_holder(lease)
+        self._forget_if_idle(asked_by)
+        log_event("container", f"lease {lease.id} of {lease.holder.user} handed to container "
+                  f"{lease.container.name or lease.container.id[:12]}, detached from its client: it holds it alone",
+                  lease_id=lease.id, user=lease.holder.user, device_uuids=lease.devices, pid=lease.container.init.pid)
         self.changes.changed()
         return lease
 

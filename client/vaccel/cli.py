@@ -117,12 +117,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                        "the lease (vaccel reserve), not to the run", EXIT_USAGE)
     warn_signal = signal_number(args.signal)
     container = _container_run(command)
-    if getattr(container, "starts", False):  # `docker start NAME`: the devices it was made with, no others
-        if args.lease or devices or args.gpus is not None or args.memory:
-            raise CliError(f"{' '.join(command[:2])} under vaccel run leases the devices the container was made with: "
-                           "give lease options (--time, --wait) only, not --gpus, --device, --memory or --lease",
-                           EXIT_USAGE)
-        gpus, devices = len(container.devices), container.devices  # type: ignore[union-attr]
+    if container is not None:  # what a container's lease may be asked with (and `docker start`'s devices)
+        from vaccel.container_start import lease_options
+
+        gpus, devices = lease_options(container, args, gpus, devices)
     if not args.lease:  # a login node in [slurm] mode = "submit": Slurm runs it (vaccel/slurm_submit.py)
         from vaccel.slurm_submit import run_from_cli
 
@@ -153,13 +151,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 # vaccel.containers.ENGINE_PROGRAMS's names (tests/test_containers_client.py checks): known here so that a
 # plain `vaccel run` does not import the container machinery to learn it is not a container run.
-_ENGINE_PROGRAMS = ("docker", "podman", "podman-remote")
+_ENGINE_PROGRAMS, _COMPOSE = ("docker", "podman", "podman-remote"), ("docker-compose", "podman-compose")
 
 
 def _container_run(command: list[str]) -> ContainerRun | None:
     """The command read as a container engine's run (vaccel/containers.py), None for any other
     command; a run that would defeat the lease is refused here, before anything starts."""
-    if os.path.basename(command[0]) not in _ENGINE_PROGRAMS:
+    if os.path.basename(command[0]) not in (*_ENGINE_PROGRAMS, *_COMPOSE):
         return None
     from vaccel import container_rules
     from vaccel.containers import ContainerRefused, recognise

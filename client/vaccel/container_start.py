@@ -19,6 +19,7 @@ made container's variables): the devices are the same, joining from inside is no
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -43,6 +44,7 @@ _S = containers._Syntax  # the engines' option syntax, read the same way as `run
 _START = _S(frozenset({"--detach-keys", "--checkpoint", "--checkpoint-dir"}),
             frozenset({"--attach", "--interactive", "--sig-proxy"}), {"a": "--attach", "i": "--interactive"})
 _RESTART = _S(frozenset({"--time", "--signal"}), frozenset(), {"t": "--time", "s": "--signal"})
+COMPOSE_PROGRAMS = frozenset({"docker-compose", "podman-compose"})
 _SUBCOMMANDS = {("start",): _START, ("container", "start"): _START, ("restart",): _RESTART,
                 ("container", "restart"): _RESTART}
 
@@ -73,11 +75,17 @@ class ContainerStart:
 
 def recognise_start(argv: list[str]) -> ContainerStart | None:
     """The command read as an engine's start or restart of one container, inspected; None for
-    any other command. ContainerRefused, saying what to do, for one vaccel cannot lease for."""
-    engine = containers.ENGINE_PROGRAMS.get(os.path.basename(argv[0])) if argv else None
+    any other command. ContainerRefused, saying what to do, for one vaccel cannot lease for
+    (compose among them)."""
+    program = os.path.basename(argv[0]) if argv else ""
+    engine = containers.ENGINE_PROGRAMS.get(program)
+    if program in COMPOSE_PROGRAMS:
+        _refuse_compose(program)
     if engine is None:
         return None
     _, at, _ = containers._read_options(argv, 1, engine.global_options, engine.name)
+    if argv[at:at + 1] == ["compose"]:
+        _refuse_compose(f"{engine.name} compose")
     sub = next((s for s in _SUBCOMMANDS if tuple(argv[at:at + len(s)]) == s), None)
     if sub is None:
         return None
@@ -91,6 +99,33 @@ def recognise_start(argv: list[str]) -> ContainerStart | None:
     start = ContainerStart(engine.name, argv[0], tuple(argv[1:at]), sub, tuple(argv[at + len(sub):name_at]),
                            names[0], attach, options=tuple(options))
     return _inspected(start)
+
+
+def lease_options(container: ContainerRun | ContainerStart, args: argparse.Namespace, gpus: int,
+                  devices: tuple[str, ...]) -> tuple[int, tuple[str, ...]]:
+    """(gpus, devices) to lease for a container command, refused (CliError, exit status 2)
+    before anything is asked for where the lease options do not fit it: `run -d` inside a
+    reservation, device options for `docker start` (the devices it was made with are leased)."""
+    from vaccel.cli_common import EXIT_USAGE, CliError
+
+    if not isinstance(container, ContainerStart):
+        if args.lease and container.detached:
+            raise CliError(f"{container.engine} run -d with --lease: a detached container would hold your "
+                           "reservation alone; run it in the foreground, or without --lease", EXIT_USAGE)
+        return gpus, devices
+    if args.lease or devices or args.gpus is not None or getattr(args, "memory", None):
+        raise CliError(f"{container.engine} {container.subcommand[-1]} under vaccel run leases the devices the "
+                       "container was made with: give lease options (--time, --wait) only, not --gpus, --device, "
+                       "--memory or --lease", EXIT_USAGE)
+    return len(container.devices), container.devices
+
+
+def _refuse_compose(what: str) -> None:
+    # Compose starts its services itself: none would get the lease, and each whatever devices the
+    # compose file names. Refused, not run ungoverned.
+    raise ContainerRefused(f"vaccel run does not govern {what}: its services would run without the lease, on "
+                           "whatever GPUs the compose file names; run each GPU service as `vaccel run [lease "
+                           f"options] -- docker run ...`, and the services without GPUs with {what} itself")
 
 
 def _inspected(start: ContainerStart) -> ContainerStart:
