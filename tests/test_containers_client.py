@@ -10,6 +10,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from unittest.mock import patch
 
 import pytest
 from hypothesis import given, settings
@@ -137,9 +138,12 @@ def test_any_mix_of_known_options_leaves_the_image_and_command_found(options, co
 # -- refusals ------------------------------------------------------------------------------
 
 
-def refusal(*options: str, engine: str = "docker") -> str:
+def refusal(*options: str, engine: str = "docker", host: str = "unix:///nonexistent/engine.sock") -> str:
+    # Debian's client by its path (another `docker` may come first in PATH here), told of an
+    # engine socket: a named volume is looked up with it (the engine's own volume options).
     try:
-        container_rules.check(run_of(engine, "run", *options, "img"))
+        with patch.dict(os.environ, {"DOCKER_HOST": host}):
+            container_rules.check(run_of(f"/usr/bin/{engine}", "run", *options, "img"))
     except ContainerRefused as exc:
         text = str(exc)
         assert "\n" not in text
@@ -201,6 +205,28 @@ def test_podman_cdi_names_of_gpus_are_refused():
     assert "a GPU named by CDI" in refusal("--device", "nvidia.com/gpu=all", engine="podman")
     assert "a GPU named by CDI" in refusal("--device=amd.com/gpu=0", engine="podman")
     assert refusal("--device", "vendor.example/fpga=0", engine="podman") == ""
+
+
+def test_the_check_reads_what_the_engine_will_mount(tmp_path: Path):
+    (tmp_path / "devices").symlink_to("/dev")
+    assert f"mounts {tmp_path}/devices (/dev)" in refusal("-v", f"{tmp_path}/devices:/d")
+    assert "mounts /" in refusal("-v", "/:/host")  # binds are recursive: / holds /dev
+    assert "mounts /dev" in refusal("--mount", 'type=bind,"source=/dev",target=/d')
+    assert "mounts /dev" in refusal("--mount", 'type=bind,"src=/dev",dst=/d,"bind-propagation=rslave"')
+    inline = 'type=volume,dst=/d,volume-opt=type=none,"volume-opt=o=bind",volume-opt=device=/dev'
+    assert "mounts /dev" in refusal("--mount", inline)
+    assert refusal("--mount", "type=volume,dst=/d,volume-opt=type=tmpfs,volume-opt=device=tmpfs") == ""
+
+
+def test_a_local_volume_that_binds_dev_is_refused(docker_engine):
+    docker_engine.docker("volume", "create", "--opt", "type=none", "--opt", "o=bind", "--opt", "device=/dev",
+                         "vct-devices", check=True)
+    try:
+        assert "mounts /dev" in refusal("-v", "vct-devices:/d", host=docker_engine.host)
+        assert "mounts /dev" in refusal("--mount", "src=vct-devices,dst=/d", host=docker_engine.host)
+        assert refusal("-v", "vct-other:/d", host=docker_engine.host) == ""  # made plain by the engine
+    finally:
+        docker_engine.docker("volume", "rm", "-f", "vct-devices", "vct-other")
 
 
 def test_a_gpu_node_under_another_name_is_refused_by_its_major(gpu_like_node: str):
