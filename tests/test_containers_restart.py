@@ -307,3 +307,28 @@ def test_detached_run_inside_a_reservation_is_refused_in_one_line(host: Broker, 
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "reservation alone" in r.stderr and engine.docker("inspect", "in-reservation").returncode != 0
     assert lease_on(host, "gpu0")["lease_id"] == lease_id  # the reservation stays
+
+
+# -- who holds a busy device, and a rename -----------------------------------------------------
+
+
+def test_a_busy_device_names_its_user_pid_and_container_and_status_follows_a_rename(
+        host: Broker, engine: DockerEngine, inventory: Path):
+    engine.docker("run", "-d", *engine.image_args(), "--name", "busy-one", IMAGE, "sleep", "600", check=True)
+    pid = int(engine.inspect("busy-one", "{{.State.Pid}}"))
+    # The probe reports the container's process on gpu1 (a simulated inventory lists it).
+    inventory.write_text(inventory.read_text() + f"processes:\n  - {{device_uuid: {UUIDS[1]}, pid: {pid}}}\n")
+    busy = wait_for(lambda: (d := next(d for d in status(host)["devices"] if d["label"] == "gpu1"))["busy_by"] and d,
+                    60, "gpu1 busy")
+    assert busy["state"] == "busy" and busy["lease_id"] is None
+    assert busy["busy_by"] == {"user": "root", "pid": pid, "command": "sleep 600", "container": "busy-one"}
+    assert f"root (pid {pid}, container busy-one, no lease)" in host.vaccel("status").stdout
+    engine.docker("rename", "busy-one", "busy-two", check=True)
+    wait_for(lambda: next(d for d in status(host)["devices"] if d["label"] == "gpu1")["busy_by"]["container"]
+             == "busy-two", 60, "busy_by follows the rename")
+    assert next(d for d in status(host)["devices"] if d["label"] == "gpu0")["busy_by"] is None
+
+    lease_id = detached(host, engine, "gpu0", "--name", "held-one", IMAGE, "sleep", "600")
+    engine.docker("rename", "held-one", "held-two", check=True)
+    wait_for(lambda: holder_of(host, lease_id)["container"]["name"] == "held-two", 60, "the holder follows it")
+    assert "root (container held-two)" in host.vaccel("status").stdout

@@ -91,6 +91,9 @@ def _status_lines(reply: pb.StatusReply) -> tuple[list[str], list[tuple[int, int
             holder = f"{d.holder.user} ({holder_detail(d.holder)})"
             if d.time_left_s:
                 holder += f", {format_duration(d.time_left_s)} left"
+        elif d.HasField("busy_by"):  # used without a lease: whose process, as a holder is named
+            b = d.busy_by
+            holder = f"{b.user} (pid {b.pid}{f', container {b.container}' if b.container else ''}, no lease)"
         state = d.state if d.healthy else f"{d.state}: {d.health_reason}"
         if d.drain_reason:
             state = f"{state} (drained: {d.drain_reason})" if d.state != "drained" else f"drained: {d.drain_reason}"

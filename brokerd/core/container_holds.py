@@ -103,6 +103,21 @@ class ContainerHolds:
         self.changes.changed()
         return lease
 
+    def renamed(self, container_id: str, name: str) -> None:
+        """Its engine renamed a lease's container (`docker rename`): the lease shows the new name."""
+        for lease in list(self.manager.leases.values()):
+            if lease.container is not None and lease.container.id == container_id and lease.container.name != name:
+                self.manager.hold_by_container(lease.id, replace(lease.container, name=name))
+                self.store.save_holder(lease)  # written in order with the rest; a restart shows the new name
+                log_event("container", f"lease {lease.id}'s container is now named {name}", lease_id=lease.id,
+                          user=lease.holder.user)
+                self.changes.changed()
+
+    def container_of(self, pid: int) -> str:
+        """The name (else the short id) of the container a process runs in, "" none."""
+        keeper = self._keeper()
+        return keeper.container_of(pid) if keeper is not None else ""
+
     def stopped(self) -> list[ContainerStopped]:
         """The containers stopped lately for starting outside a live lease (`vaccel status`)."""
         keeper = self._keeper()

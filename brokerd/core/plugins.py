@@ -94,6 +94,10 @@ class ContainerKeeper(Protocol):
         its engine shows it is the lease's user's and made with the lease's devices; LeaseError else."""
         ...
 
+    def container_of(self, pid: int) -> str:
+        """The name (else the short id) of the container a process runs in, "" none (`busy_by`)."""
+        ...
+
     def stopped_containers(self) -> list[ContainerStopped]:
         """The containers it stopped lately for starting outside a live lease, newest last."""
         ...

@@ -162,7 +162,12 @@ def status_reply(service: BrokerService, identity: Identity) -> pb.StatusReply:
             device_hours=use.device_hours, max_device_hours=use.max_device_hours, window_s=use.window_s,
             fair_usage=use.fair_usage,
         ))
+    busy = {msg.uuid: msg for msg in reply.devices if msg.state == "busy"}
     for proc in status.unleased_processes:
+        if proc.device_uuid in busy and not busy[proc.device_uuid].HasField("busy_by"):
+            busy[proc.device_uuid].busy_by.CopyFrom(pb.BusyBy(
+                user=proc.user or str(proc.uid), pid=proc.pid, command=proc.command,
+                container=service.holds.container_of(proc.pid)))
         reply.unleased_processes.append(pb.GpuProcess(
             pid=proc.pid, uid=max(proc.uid, 0), user=proc.user, command=proc.command,
             used_memory_mib=proc.used_memory_mib, device_uuid=proc.device_uuid,

@@ -53,7 +53,7 @@ class AttachContainerRequest(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., container_id: _Optional[str] = ..., init_pid: _Optional[int] = ..., held: _Optional[bool] = ..., warn_signal: _Optional[int] = ..., name: _Optional[str] = ..., image: _Optional[str] = ..., starting: _Optional[bool] = ...) -> None: ...
 
 class Device(_message.Message):
-    __slots__ = ("index", "uuid", "vendor", "name", "memory_mib", "pci_bus_id", "arch", "driver_version", "memory_bandwidth_gbps", "healthy", "health_reason", "simulated", "numa_node", "backend", "state", "lease_id", "holder", "since", "memory_used_mib", "interconnect_group", "runtime_version", "compute_capability", "visible_id", "drain_reason", "gated", "time_left_s", "device_nodes", "utilization", "gate_reason", "label", "mig_index", "parent_uuid", "mig_profile", "sharing", "shares")
+    __slots__ = ("index", "uuid", "vendor", "name", "memory_mib", "pci_bus_id", "arch", "driver_version", "memory_bandwidth_gbps", "healthy", "health_reason", "simulated", "numa_node", "backend", "state", "lease_id", "holder", "since", "memory_used_mib", "interconnect_group", "runtime_version", "compute_capability", "visible_id", "drain_reason", "gated", "time_left_s", "device_nodes", "utilization", "gate_reason", "label", "mig_index", "parent_uuid", "mig_profile", "sharing", "shares", "busy_by")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     VENDOR_FIELD_NUMBER: _ClassVar[int]
@@ -89,6 +89,7 @@ class Device(_message.Message):
     MIG_PROFILE_FIELD_NUMBER: _ClassVar[int]
     SHARING_FIELD_NUMBER: _ClassVar[int]
     SHARES_FIELD_NUMBER: _ClassVar[int]
+    BUSY_BY_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     vendor: str
@@ -124,7 +125,8 @@ class Device(_message.Message):
     mig_profile: str
     sharing: str
     shares: _containers.RepeatedCompositeFieldContainer[Share]
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., vendor: _Optional[str] = ..., name: _Optional[str] = ..., memory_mib: _Optional[int] = ..., pci_bus_id: _Optional[str] = ..., arch: _Optional[str] = ..., driver_version: _Optional[str] = ..., memory_bandwidth_gbps: _Optional[float] = ..., healthy: _Optional[bool] = ..., health_reason: _Optional[str] = ..., simulated: _Optional[bool] = ..., numa_node: _Optional[int] = ..., backend: _Optional[str] = ..., state: _Optional[str] = ..., lease_id: _Optional[str] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ..., since: _Optional[float] = ..., memory_used_mib: _Optional[int] = ..., interconnect_group: _Optional[str] = ..., runtime_version: _Optional[str] = ..., compute_capability: _Optional[str] = ..., visible_id: _Optional[str] = ..., drain_reason: _Optional[str] = ..., gated: _Optional[bool] = ..., time_left_s: _Optional[float] = ..., device_nodes: _Optional[_Iterable[str]] = ..., utilization: _Optional[float] = ..., gate_reason: _Optional[str] = ..., label: _Optional[str] = ..., mig_index: _Optional[int] = ..., parent_uuid: _Optional[str] = ..., mig_profile: _Optional[str] = ..., sharing: _Optional[str] = ..., shares: _Optional[_Iterable[_Union[Share, _Mapping]]] = ...) -> None: ...
+    busy_by: BusyBy
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., vendor: _Optional[str] = ..., name: _Optional[str] = ..., memory_mib: _Optional[int] = ..., pci_bus_id: _Optional[str] = ..., arch: _Optional[str] = ..., driver_version: _Optional[str] = ..., memory_bandwidth_gbps: _Optional[float] = ..., healthy: _Optional[bool] = ..., health_reason: _Optional[str] = ..., simulated: _Optional[bool] = ..., numa_node: _Optional[int] = ..., backend: _Optional[str] = ..., state: _Optional[str] = ..., lease_id: _Optional[str] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ..., since: _Optional[float] = ..., memory_used_mib: _Optional[int] = ..., interconnect_group: _Optional[str] = ..., runtime_version: _Optional[str] = ..., compute_capability: _Optional[str] = ..., visible_id: _Optional[str] = ..., drain_reason: _Optional[str] = ..., gated: _Optional[bool] = ..., time_left_s: _Optional[float] = ..., device_nodes: _Optional[_Iterable[str]] = ..., utilization: _Optional[float] = ..., gate_reason: _Optional[str] = ..., label: _Optional[str] = ..., mig_index: _Optional[int] = ..., parent_uuid: _Optional[str] = ..., mig_profile: _Optional[str] = ..., sharing: _Optional[str] = ..., shares: _Optional[_Iterable[_Union[Share, _Mapping]]] = ..., busy_by: _Optional[_Union[BusyBy, _Mapping]] = ...) -> None: ...
 
 class Share(_message.Message):
     __slots__ = ("lease_id", "user", "uid", "memory_mib", "used_mib", "since")
@@ -424,6 +426,18 @@ class StatusReply(_message.Message):
     slurm_mode: str
     stopped_containers: _containers.RepeatedCompositeFieldContainer[ContainerStop]
     def __init__(self, hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., queue: _Optional[_Iterable[_Union[QueueEntry, _Mapping]]] = ..., unleased_processes: _Optional[_Iterable[_Union[GpuProcess, _Mapping]]] = ..., probes: _Optional[_Iterable[_Union[ProbeVerdict, _Mapping]]] = ..., version: _Optional[str] = ..., simulated: _Optional[bool] = ..., enforcement: _Optional[str] = ..., usage: _Optional[_Iterable[_Union[UserUsage, _Mapping]]] = ..., slurm_mode: _Optional[str] = ..., stopped_containers: _Optional[_Iterable[_Union[ContainerStop, _Mapping]]] = ...) -> None: ...
+
+class BusyBy(_message.Message):
+    __slots__ = ("user", "pid", "command", "container")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_FIELD_NUMBER: _ClassVar[int]
+    user: str
+    pid: int
+    command: str
+    container: str
+    def __init__(self, user: _Optional[str] = ..., pid: _Optional[int] = ..., command: _Optional[str] = ..., container: _Optional[str] = ...) -> None: ...
 
 class ContainerStop(_message.Message):
     __slots__ = ("engine", "id", "name", "image", "reason", "at", "lease_id", "user")

@@ -112,10 +112,10 @@ class EngineClient:
         labels = (doc.get("Config") or {}).get("Labels") or {}
         return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
 
-    async def events(self, actions: tuple[str, ...]) -> AsyncIterator[str]:
-        """The ids of containers as the engine reports `actions` of theirs ("start", ...), from
-        its event stream, which stays open until the engine goes (then EngineError). The first
-        item is "" once the stream is open: what happens from then on is reported."""
+    async def events(self, actions: tuple[str, ...]) -> AsyncIterator[tuple[str, str]]:
+        """(action, container id) as the engine reports `actions` of containers ("start", ...),
+        from its event stream, which stays open until the engine goes (then EngineError). The
+        first item is ("", "") once the stream is open: what happens from then on is reported."""
         filters = quote(json.dumps({"type": ["container"], "event": list(actions)}), safe="")
         url = f"http://{self.engine}/events?filters={filters}"
         # No total timeout: the stream is meant to stay open; connecting is bounded.
@@ -125,11 +125,11 @@ class EngineClient:
             async with self._client().get(url, timeout=timeout) as reply:
                 if reply.status != 200:
                     raise EngineError(f"{self.engine} at {self.socket}: GET /events: HTTP {reply.status}")
-                yield ""
+                yield "", ""
                 async for line in reply.content:
                     event = _event(line)
                     if event is not None and event[0] in actions:
-                        yield event[1]
+                        yield event
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise EngineError(f"{self.engine} at {self.socket}: GET /events: {exc or type(exc).__name__}") from None
         raise EngineError(f"{self.engine} at {self.socket}: its event stream ended")

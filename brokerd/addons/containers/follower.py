@@ -27,21 +27,23 @@ from brokerd.addons.containers.info import ContainerInfo, EngineError
 
 log = logging.getLogger("vaccel.brokerd")
 
-ACTIONS = ("start", "restart")
+ACTIONS = ("start", "restart", "rename")
 RETRY_FIRST_S = 0.2
 RETRY_MAX_S = 5.0
 
 # (the container, its image's labels, what brought it to the broker's eyes) -> nothing; it
-# judges and stops (the keeper's `judge`).
+# judges and stops (the guard's `judge`). A rename is told (`renamed`) and not judged.
 Judge = Callable[[EngineClient, ContainerInfo, dict[str, str], str], Awaitable[None]]
+Renamed = Callable[[ContainerInfo], None]
 
 
 class Follower:
     """One engine's event stream, followed until `close`."""
 
-    def __init__(self, engine: EngineClient, judge: Judge) -> None:
+    def __init__(self, engine: EngineClient, judge: Judge, renamed: Renamed) -> None:
         self.engine = engine
         self._judge = judge
+        self._renamed = renamed
         self._task: asyncio.Task[None] | None = None
         self._checks: set[asyncio.Task[None]] = set()
         self.connected = asyncio.Event()  # set while the stream is open and the reconcile is done
@@ -61,10 +63,10 @@ class Follower:
         delay, down_since = RETRY_FIRST_S, 0.0
         while True:
             try:
-                async for container in self.engine.events(ACTIONS):
+                async for action, container in self.engine.events(ACTIONS):
                     if container:
                         self.events_seen += 1
-                        self._check(container, "started")
+                        self._check(container, "renamed" if action == "rename" else "started")
                         continue
                     if down_since:
                         log.warning("containers: following %s again (its events were lost for %.1fs); "
@@ -93,6 +95,9 @@ class Follower:
     async def _judged(self, container: str, how: str) -> None:
         try:
             info = await self.engine.inspect(container)
+            if info is not None and how == "renamed":
+                self._renamed(info)
+                return
             if info is None or not info.running:
                 return
             await self._judge(self.engine, info, await self.engine.image_labels(info.image_id), how)

@@ -34,6 +34,7 @@ class StartGuard:
         self._stopping: set[str] = set()
         self._stopped: deque[ContainerStopped] = deque(maxlen=KEPT)
         self.let_start: dict[str, str] = {}  # container id -> the live lease it may start under
+        self.names: dict[str, str] = {}  # container id -> name, as last seen (`vaccel status`'s busy_by)
 
     @property
     def followers(self) -> list[Follower]:
@@ -46,7 +47,7 @@ class StartGuard:
             return
         from brokerd.addons.containers.follower import Follower  # aiohttp: only with an engine configured
 
-        self._followers = [Follower(engine, self.judge) for engine in engines.engines]
+        self._followers = [Follower(engine, self.judge, self.renamed) for engine in engines.engines]
         for follower in self._followers:
             follower.start()
 
@@ -54,6 +55,15 @@ class StartGuard:
         followers, self._followers = self._followers, []
         for follower in followers:
             await follower.close()
+
+    def renamed(self, info: ContainerInfo) -> None:
+        """`docker rename`: the lease it holds, if any, shows the new name."""
+        self.names[info.id] = info.name
+        self._service.holds.renamed(info.id, info.name)
+
+    def name_of(self, container_id: str) -> str:
+        """The container's name as last seen starting or renamed, else its short id."""
+        return self.names.get(container_id) or container_id[:12]
 
     def forget(self, lease_id: str) -> None:
         """The lease ended: a container it was let start is judged by its label again."""
@@ -67,6 +77,9 @@ class StartGuard:
 
     async def judge(self, engine: EngineClient, info: ContainerInfo, image_labels: dict[str, str], how: str) -> None:
         manager = self._service.manager
+        if len(self.names) > 4096:  # a name per container seen: bounded on a host that makes many
+            self.names.clear()
+        self.names[info.id] = info.name
         reason = why_stop(info, image_labels, manager.leases, manager.ended, list(manager.devices.values()),
                           self.let_start)
         if not reason or info.id in self._stopping:

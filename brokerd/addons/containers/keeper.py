@@ -25,6 +25,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from brokerd.addons.containers import locate
 from brokerd.addons.containers.guard import StartGuard
 from brokerd.addons.containers.info import EngineError
 from brokerd.addons.containers.membership import LEASE_LABEL, USER_LABEL, Containers, RootlessContainer
@@ -82,6 +83,11 @@ class ContainerKeeper(LeaseHook):
 
     def stopped_containers(self) -> list[ContainerStopped]:
         return self.guard.stopped()
+
+    def container_of(self, pid: int) -> str:
+        """The name (else short id) of the container `pid` runs in, as the kernel shows it; "" none."""
+        ref = locate.container_of(pid)
+        return self.guard.name_of(ref.id) if ref is not None else ""
 
     async def close(self) -> None:
         self.warnings.close()
