@@ -11,8 +11,9 @@ told to ask it (`[containers] docker`, stop_grace 10s):
   engine's own StartedAt to FinishedAt (how long it ran before the broker stopped it), and
   `docker start` called until `docker wait` returns (what a student sees);
 - the event path's cost: the broker's CPU time (utime+stime from /proc) over `--idle` seconds
-  with nothing happening, and per start event of a container the broker lets run (a plain
-  `docker run --rm IMAGE true`: start, judged, let be), net of an idle period as long.
+  with nothing happening (beside the same broker following no engine), and per start event
+  of a container the broker lets run (a plain `docker run --rm IMAGE true`: start, judged,
+  let be), net of an idle period as long.
 Figures are printed, never asserted.
 """
 
@@ -73,13 +74,18 @@ def next_morning(broker: Broker, engine: DockerEngine, runs: int) -> dict[str, A
     return {"ran_before_stopped": summary_ms(ran), "start_call_to_stopped": summary_ms(seen)}
 
 
+def idle_cpu_s(broker: Broker, idle_s: float) -> float:
+    assert broker.proc is not None
+    time.sleep(2.0)  # let the start settle
+    before = cpu_s(broker.proc.pid)
+    time.sleep(idle_s)
+    return cpu_s(broker.proc.pid) - before
+
+
 def event_cost(broker: Broker, engine: DockerEngine, idle_s: float, events: int) -> dict[str, Any]:
     assert broker.proc is not None
     pid = broker.proc.pid
-    time.sleep(2.0)  # let the start settle
-    before = cpu_s(pid)
-    time.sleep(idle_s)
-    idle = cpu_s(pid) - before
+    idle = idle_cpu_s(broker, idle_s)
     began, before = time.perf_counter(), cpu_s(pid)
     for _ in range(events):
         engine.docker("run", "--rm", *engine.image_args(), IMAGE, "true", check=True)
@@ -99,8 +105,14 @@ def run(runs: int, idle_s: float) -> dict[str, Any]:
         engine.start()
         engine.import_image()
         (root / "broker").mkdir()
+        (root / "plain").mkdir()
+        plain = Broker(root / "plain", LAB_INVENTORY, "").start()  # the same broker, following no engine
+        try:
+            baseline = idle_cpu_s(plain, idle_s)
+        finally:
+            plain.stop()
         broker = Broker(root / "broker", LAB_INVENTORY, CONFIG.format(host=engine.host)).start()
-        cost = event_cost(broker, engine, idle_s, runs)
+        cost = {**event_cost(broker, engine, idle_s, runs), "idle_cpu_s_following_none": baseline}
         figures = next_morning(broker, engine, runs)
     finally:
         if broker is not None:
@@ -119,7 +131,8 @@ def render(result: dict[str, Any]) -> str:
         lines.append(f"{label:<52}{row['p50_ms']:>9.1f}{row['p90_ms']:>9.1f}{row['min_ms']:>9.1f}{row['max_ms']:>9.1f}")
     cost = result["event_path"]
     lines += [f"idle broker following dockerd: {cost['idle_cpu_s'] * 1000:.0f} ms CPU in {cost['idle_s']:g} s "
-              f"({cost['idle_cpu_percent']:.3f}%)",
+              f"({cost['idle_cpu_percent']:.3f}%); following no engine: "
+              f"{cost['idle_cpu_s_following_none'] * 1000:.0f} ms",
               f"per start event of a container let run: {cost['cpu_ms_per_event']:.2f} ms CPU "
               f"(n={cost['events']})"]
     return "\n".join(lines)
