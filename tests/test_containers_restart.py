@@ -332,3 +332,21 @@ def test_a_busy_device_names_its_user_pid_and_container_and_status_follows_a_ren
     engine.docker("rename", "held-one", "held-two", check=True)
     wait_for(lambda: holder_of(host, lease_id)["container"]["name"] == "held-two", 60, "the holder follows it")
     assert "root (container held-two)" in host.vaccel("status").stdout
+
+
+def test_a_container_started_again_under_a_new_lease_survives_a_broker_restart(host: Broker, engine: DockerEngine):
+    made_and_ended(host, engine, "zhang-kept", "gpu0")
+    r = host.vaccel("run", "--", "/usr/bin/docker", "start", "zhang-kept", env={**host.env, "DOCKER_HOST": engine.host},
+                    timeout=120)
+    assert r.returncode == 0, r.stderr
+    new = lease_id_in(r.stderr)
+    judged = "the 1 containers running as it connected are judged"
+    assert judged not in host.log.read_text()
+    host.stop()
+    host.start()  # judges every running container as it connects to the engine again
+    wait_for(lambda: judged in host.log.read_text(), 60, "the broker judged what runs")
+    holder = holder_of(host, new)
+    assert holder is not None and holder["container"]["name"] == "zhang-kept" and running(engine, "zhang-kept")
+    assert stopped_for(host, "zhang-kept") is None
+    assert host.vaccel("release", new).returncode == 0
+    wait_for(lambda: not running(engine, "zhang-kept"), 60, "release stops it")

@@ -72,8 +72,9 @@ class Follower:
                         log.warning("containers: following %s again (its events were lost for %.1fs); "
                                     "looking at its running containers", self.engine.engine, time.time() - down_since)
                     delay, down_since = RETRY_FIRST_S, 0.0
-                    for running in await self.engine.running():
-                        self._check(running, "running when the broker began to follow its engine")
+                    looked = [self._check(running, "running when the broker began to follow its engine")
+                              for running in await self.engine.running()]
+                    self._watch(self._reconciled(looked))
                     self.connected.set()
             except EngineError as exc:
                 if not down_since:
@@ -86,11 +87,20 @@ class Follower:
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX_S)
 
-    def _check(self, container: str, how: str) -> None:
+    def _check(self, container: str, how: str) -> asyncio.Task[None]:
         # Each container on a task of its own: a stop waits out a grace, the stream must not.
-        task = asyncio.get_running_loop().create_task(self._judged(container, how))
+        return self._watch(self._judged(container, how))
+
+    def _watch(self, work: Awaitable[None]) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(work)  # type: ignore[arg-type]
         self._checks.add(task)
         task.add_done_callback(self._checks.discard)
+        return task
+
+    async def _reconciled(self, looked: list[asyncio.Task[None]]) -> None:
+        await asyncio.gather(*looked, return_exceptions=True)
+        log.info("containers: following %s's events; the %d containers running as it connected are judged",
+                 self.engine.engine, len(looked))
 
     async def _judged(self, container: str, how: str) -> None:
         try:

@@ -80,8 +80,11 @@ class StartGuard:
         if len(self.names) > 4096:  # a name per container seen: bounded on a host that makes many
             self.names.clear()
         self.names[info.id] = info.name
+        # A live lease's confirmed container is that lease's whatever its label (one started again
+        # under it, after a broker restart too: `let_start` is not kept, the lease's container is).
+        confirmed = {lease.container.id: lease.id for lease in manager.leases.values() if lease.container is not None}
         reason = why_stop(info, image_labels, manager.leases, manager.ended, list(manager.devices.values()),
-                          self.let_start)
+                          {**self.let_start, **confirmed})
         if not reason or info.id in self._stopping:
             return
         self._stopping.add(info.id)
