@@ -350,3 +350,26 @@ def test_a_container_started_again_under_a_new_lease_survives_a_broker_restart(h
     assert stopped_for(host, "zhang-kept") is None
     assert host.vaccel("release", new).returncode == 0
     wait_for(lambda: not running(engine, "zhang-kept"), 60, "release stops it")
+
+
+def test_rootful_podman_start_is_the_way_back_too(start_broker, inventory: Path, rootful_podman: RootfulPodman):
+    broker = start_broker(inventory, f'[containers]\npodman = "{rootful_podman.host}"\nstop_grace = "1s"\n')
+    env = {**broker.env, **rootful_podman.env}
+    r = broker.vaccel("run", "--device", "gpu1", "--", "/usr/bin/podman", "run", "-d", "--name", "podman-again",
+                      *rootful_podman.image_args(), PODMAN_IMAGE, "sleep", "600", env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    old = lease_id_in(r.stderr)
+    try:
+        rootful_podman.podman("stop", "podman-again", check=True)
+        wait_for(lambda: ended(broker, old), what="the lease ended with its container")
+        r = broker.vaccel("run", "--", "/usr/bin/podman", "start", "podman-again", env=env, timeout=120)
+        assert r.returncode == 0, r.stderr
+        new = lease_id_in(r.stderr)
+        holder = holder_of(broker, new)
+        assert holder is not None and holder["container"]["engine"] == "podman"
+        assert next(d for d in status(broker)["devices"] if d["lease_id"] == new)["label"] == "gpu1"
+        assert rootful_podman.inspect("podman-again", "{{.State.Running}}") == "true"
+        assert broker.vaccel("release", new).returncode == 0
+        wait_for(lambda: rootful_podman.inspect("podman-again", "{{.State.Running}}") == "false", 30, "stopped")
+    finally:
+        rootful_podman.podman("rm", "-f", "podman-again")

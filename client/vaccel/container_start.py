@@ -134,8 +134,12 @@ def _inspected(start: ContainerStart) -> ContainerStart:
     if done.returncode != 0:
         raise ContainerRefused(f"{start.engine} knows no container {start.name}: "
                                f"{done.stderr.strip().splitlines()[-1] if done.stderr.strip() else 'inspect failed'}")
-    doc = json.loads(done.stdout)
-    config = doc.get("Config") or {}
+    try:
+        doc = json.loads(done.stdout)
+        doc = doc[0] if isinstance(doc, list) else doc  # podman 4 writes a list of one
+        config = doc.get("Config") or {}
+    except (ValueError, IndexError, AttributeError):
+        raise ContainerRefused(f"{start.engine} inspect {start.name}: not the container's description") from None
     labels = config.get("Labels") or {}
     env = dict(item.partition("=")[::2] for item in config.get("Env") or ())
     if USER_LABEL not in labels:

@@ -28,7 +28,7 @@ from typing import Any
 from brokerd.addons.containers import locate
 from brokerd.addons.containers.guard import StartGuard
 from brokerd.addons.containers.info import EngineError
-from brokerd.addons.containers.membership import LEASE_LABEL, USER_LABEL, Containers, RootlessContainer
+from brokerd.addons.containers.membership import DEVICES_LABEL, LEASE_LABEL, USER_LABEL, Containers, RootlessContainer
 from brokerd.addons.containers.verdict import held_devices, own_lease_label
 from brokerd.addons.containers.warning import Warnings
 from brokerd.base.journal import log_event
@@ -166,6 +166,8 @@ class ContainerKeeper(LeaseHook):
                              "it cannot start under their lease")
         manager = self._service.manager
         made_with = {device.uuid for device in held_devices(info, list(manager.devices.values()))}
+        if not made_with:  # podman 4.3 shows no --device in inspect: the devices vaccel labelled it with
+            made_with = set(info.labels.get(DEVICES_LABEL, "").split(",")) & set(manager.devices)
         if not made_with or made_with != set(lease.devices):
             shown = ", ".join(sorted(d.label for d in manager.devices.values() if d.uuid in made_with)) or "none"
             raise LeaseError(f"container {info.name or named} was made with devices {shown}, lease {lease.id} holds "

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 LEASE_LABEL = "org.vaccel.lease"
 USER_LABEL = "org.vaccel.user"
+DEVICES_LABEL = "org.vaccel.devices"  # the leased UUIDs it was made with (client/vaccel/container_argv.py)
 _FULL_ID = re.compile(r"[0-9a-f]{64}")
 START_WAIT_S = 5.0  # a container created and not yet started: how long to wait for its start
 log = logging.getLogger("vaccel.brokerd")
