@@ -13,6 +13,9 @@
 #      (nvidia.com/gpu=UUID, a spec from `nvidia-ctk cdi generate`), and a plain
 #      `docker run --gpus 1` that reaches no broker takes the GPU it was given as its lease.
 #      An engine or toolkit the machine lacks is skipped and said so; nothing is installed for it.
+#      Then (issue 42) the next-morning `docker start` of a container of an ended lease, while
+#      another lease holds its GPU: the broker stops it (the time is printed), and
+#      `vaccel run -- docker start NAME` runs it again on its own GPU under a new lease.
 #   6. memory shares (issue 35): the daemon again with gpu0 shared by memory; two processes
 #      with 8 GiB shares of it, one within its share, one allocating past it through torch
 #      (scripts/gpu_check_share.py): the allocator refuses past the cap, and the one that
@@ -91,6 +94,35 @@ with vaccel.lease() as held:
     print(held.id, len(held.devices), held.simulated)")
     echo "docker run --gpus 1, no broker: $out" | tee -a "$OUT/containers.txt"
     case "$out" in container-*" 1 False") ;; *) echo "containers: the GPU given is not the lease: $out" >&2; exit 1;; esac
+    # 5b. Containers after their lease (issue 42): a container made under a lease (its GPU baked in
+    # as --gpus "device=UUID"), its lease ended, started again the next morning while another lease
+    # holds that GPU, is stopped by the broker; `vaccel run -- docker start NAME` is the way back.
+    docker rm -f vaccel-nb >/dev/null 2>&1 || true
+    vaccel run --gpus 1 -- docker run -d --name vaccel-nb "${MOUNTS[@]}" vaccel-hostusr:latest sleep 600 \
+        >/dev/null 2>"$OUT/nb.err"
+    old=$(sed -n 's/^vaccel: lease \(l-[0-9a-f]*\).*/\1/p' "$OUT/nb.err" | head -1)
+    uuid=$(docker inspect --format '{{index .Config.Labels "org.vaccel.devices"}}' vaccel-nb)
+    docker inspect --format '{{json .HostConfig.DeviceRequests}}' vaccel-nb | grep -q "$uuid" \
+        || { echo "containers: vaccel-nb was not given $uuid with --gpus" >&2; exit 1; }
+    docker stop vaccel-nb >/dev/null
+    vaccel run --device "$uuid" -- sleep 600 2>/dev/null & OTHER=$!
+    for _ in $(seq 100); do vaccel status --json | grep -q "\"lease_id\": \"l-" && break; sleep 0.1; done
+    began=$(date +%s.%N); docker start vaccel-nb >/dev/null; docker wait vaccel-nb >/dev/null; ended=$(date +%s.%N)
+    sleep 1  # the status cache
+    vaccel status --json | python3 -c "import json, sys
+stops = [c for c in json.load(sys.stdin)['stopped_containers'] if c['name'] == 'vaccel-nb']
+assert stops and stops[0]['lease_id'] == '$old', stops" \
+        || { echo "containers: the next-morning start of vaccel-nb was not stopped as lease $old's" >&2; exit 1; }
+    kill -0 $OTHER || { echo "containers: the other lease on $uuid did not survive" >&2; exit 1; }
+    echo "next-morning docker start on $uuid: stopped $(python3 -c "print(round($ended - $began, 3))") s after" \
+         "docker start was called; the other lease untouched" | tee -a "$OUT/containers.txt"
+    kill $OTHER; wait $OTHER 2>/dev/null || true
+    vaccel run -- docker start vaccel-nb 2>"$OUT/nb-again.err"
+    again=$(sed -n 's/^vaccel: lease \(l-[0-9a-f]*\).*/\1/p' "$OUT/nb-again.err" | head -1)
+    out=$(docker exec vaccel-nb "$VENV/bin/python" -c "$SEEN")
+    echo "vaccel run -- docker start vaccel-nb: lease $again, inside: $out" | tee -a "$OUT/containers.txt"
+    check_seen "$out" "$old"  # the old lease's id is baked into the container's variables; the GPU is its own
+    vaccel release "$again" >/dev/null; docker wait vaccel-nb >/dev/null; docker rm vaccel-nb >/dev/null
 else
     echo "containers: no docker with the NVIDIA runtime here: --gpus not checked" | tee "$OUT/containers.txt"
 fi

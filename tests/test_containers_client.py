@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
+from unittest.mock import patch
 
 import pytest
 from hypothesis import given, settings
@@ -137,9 +140,12 @@ def test_any_mix_of_known_options_leaves_the_image_and_command_found(options, co
 # -- refusals ------------------------------------------------------------------------------
 
 
-def refusal(*options: str, engine: str = "docker") -> str:
+def refusal(*options: str, engine: str = "docker", host: str = "unix:///nonexistent/engine.sock") -> str:
+    # Debian's client by its path (another `docker` may come first in PATH here), told of an
+    # engine socket: a named volume is looked up with it (the engine's own volume options).
     try:
-        container_rules.check(run_of(engine, "run", *options, "img"))
+        with patch.dict(os.environ, {"DOCKER_HOST": host}):
+            container_rules.check(run_of(f"/usr/bin/{engine}", "run", *options, "img"))
     except ContainerRefused as exc:
         text = str(exc)
         assert "\n" not in text
@@ -203,6 +209,28 @@ def test_podman_cdi_names_of_gpus_are_refused():
     assert refusal("--device", "vendor.example/fpga=0", engine="podman") == ""
 
 
+def test_the_check_reads_what_the_engine_will_mount(tmp_path: Path):
+    (tmp_path / "devices").symlink_to("/dev")
+    assert f"mounts {tmp_path}/devices (/dev)" in refusal("-v", f"{tmp_path}/devices:/d")
+    assert "mounts /" in refusal("-v", "/:/host")  # binds are recursive: / holds /dev
+    assert "mounts /dev" in refusal("--mount", 'type=bind,"source=/dev",target=/d')
+    assert "mounts /dev" in refusal("--mount", 'type=bind,"src=/dev",dst=/d,"bind-propagation=rslave"')
+    inline = 'type=volume,dst=/d,volume-opt=type=none,"volume-opt=o=bind",volume-opt=device=/dev'
+    assert "mounts /dev" in refusal("--mount", inline)
+    assert refusal("--mount", "type=volume,dst=/d,volume-opt=type=tmpfs,volume-opt=device=tmpfs") == ""
+
+
+def test_a_local_volume_that_binds_dev_is_refused(docker_engine):
+    docker_engine.docker("volume", "create", "--opt", "type=none", "--opt", "o=bind", "--opt", "device=/dev",
+                         "vct-devices", check=True)
+    try:
+        assert "mounts /dev" in refusal("-v", "vct-devices:/d", host=docker_engine.host)
+        assert "mounts /dev" in refusal("--mount", "src=vct-devices,dst=/d", host=docker_engine.host)
+        assert refusal("-v", "vct-other:/d", host=docker_engine.host) == ""  # made plain by the engine
+    finally:
+        docker_engine.docker("volume", "rm", "-f", "vct-devices", "vct-other")
+
+
 def test_a_gpu_node_under_another_name_is_refused_by_its_major(gpu_like_node: str):
     assert "is a GPU device node" in refusal("--device", gpu_like_node)
     assert "mounts" in refusal("-v", f"{gpu_like_node}:/dev/x")
@@ -244,7 +272,7 @@ def test_a_real_gpu_lease_on_docker_uses_its_gpus_option_and_the_runtime_variabl
     assert {"VACCEL_LEASE_ID=l-7", "CUDA_VISIBLE_DEVICES=GPU-b,GPU-d", "NVIDIA_VISIBLE_DEVICES=GPU-b,GPU-d",
             "VACCEL_SOCKET=/run/vaccel/brokerd.sock", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"} <= set(env)
     assert pairs(argv, "--mount") == ["type=bind,src=/run/vaccel,dst=/run/vaccel"]
-    assert pairs(argv, "--label") == ["org.vaccel.lease=l-7", "org.vaccel.user=alice"]
+    assert pairs(argv, "--label") == ["org.vaccel.lease=l-7", "org.vaccel.user=alice", "org.vaccel.devices=GPU-b,GPU-d"]
     assert (pairs(argv, "--cidfile"), cidfile) == (["/tmp/x/cid"], "/tmp/x/cid")
     assert "--init" in argv
     assert argv[:3] == ["docker", "run", "--rm"] and argv[-3:] == ["img", "python3", "t.py"]
@@ -296,3 +324,13 @@ def test_a_socket_folder_with_a_comma_stays_one_mount_field():
     odd = ContainerLease("l-1", "bob", "cuda", True, (), {}, "/tmp/a,b/brokerd.sock")
     argv, _ = apply(run_of("docker", "run", "img"), odd, "/c")
     assert pairs(argv, "--mount") == ['type=bind,"src=/tmp/a,b","dst=/tmp/a,b"']
+
+
+@pytest.mark.parametrize("command", [["docker-compose", "up"], ["docker", "compose", "up", "-d"],
+                                     ["podman-compose", "up"], ["/usr/bin/docker", "-H", "unix:///x", "compose", "run",
+                                                                "train"]])
+def test_compose_under_vaccel_run_is_refused_in_one_line_saying_what_to_do(command: list[str], tmp_path):
+    r = subprocess.run([sys.executable, "-m", "vaccel.cli", "run", "--gpus", "1", "--", *command], capture_output=True,
+                       text=True, timeout=60, env={**os.environ, "VACCEL_SOCKET": str(tmp_path / "none.sock")})
+    assert r.returncode == 2, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "vaccel run [lease options] -- docker run" in r.stderr, r.stderr

@@ -88,4 +88,5 @@ def status_json(reply: pb.StatusReply) -> dict[str, Any]:
         "unleased_processes": [message_dict(p) for p in reply.unleased_processes],
         "probes": [message_dict(p) for p in reply.probes],
         "usage": [message_dict(u) for u in reply.usage],
+        "stopped_containers": [message_dict(c) for c in reply.stopped_containers],
     }

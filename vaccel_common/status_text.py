@@ -94,6 +94,9 @@ def _status_lines(reply: pb.StatusReply, every: bool = False) -> tuple[list[str]
             holder = f"{d.holder.user} ({holder_detail(d.holder)})"
             if d.time_left_s:
                 holder += f", {format_duration(d.time_left_s)} left"
+        elif d.HasField("busy_by"):  # used without a lease: whose process, as a holder is named
+            b = d.busy_by
+            holder = f"{b.user} (pid {b.pid}{f', container {b.container}' if b.container else ''}, no lease)"
         state = d.state if d.healthy else f"{d.state}: {d.health_reason}"
         if d.drain_reason:
             state = f"{state} (drained: {d.drain_reason})" if d.state != "drained" else f"drained: {d.drain_reason}"
@@ -151,6 +154,13 @@ def _status_lines(reply: pb.StatusReply, every: bool = False) -> tuple[list[str]
         for p in reply.unleased_processes:
             out.append(f"{index.get(p.device_uuid, 'gpu?')}: IN USE WITHOUT LEASE by {p.user or p.uid}: "
                        f"pid {p.pid} {p.command}, {format_mib(p.used_memory_mib)}")
+    if reply.stopped_containers:
+        out.append("")
+        out.append("containers stopped for starting outside a live lease:")
+        for c in reply.stopped_containers:
+            name = c.name or c.id[:12]
+            out.append(f"  {name} ({c.engine}, {format_duration(max(0.0, time.time() - c.at))} ago): {c.reason}")
+            out.append(f"     `vaccel run -- {c.engine} start -a {name}` runs it again under a new lease")
     # As the CLI shows every text (vaccel/cli/common.py shown()): line by line, nothing unprintable.
     return [printable(line) for part in out for line in part.split("\n")], marks
 

@@ -24,7 +24,7 @@ from brokerd.base.journal import log_event
 from brokerd.base.process import Identity, ProcessId
 from brokerd.core.changes import ChangeFeed
 from brokerd.core.liveness import ProcessWatcher
-from brokerd.core.plugins import ContainerKeeper
+from brokerd.core.plugins import ContainerKeeper, ContainerStopped
 from brokerd.leasing.errors import Ended, LeaseError
 from brokerd.leasing.manager import LeaseManager
 from brokerd.leasing.model import Lease
@@ -51,14 +51,20 @@ class ContainerHolds:
             raise LeaseError("this broker keeps no containers: it cannot apply a lease to one")
         return keeper
 
-    async def attach(self, caller: Identity, lease_id: str, container: str, init_pid: int, *, held: bool,
-                     warn_signal: int, shown: tuple[str, str]) -> Lease:
+    async def attach(self, caller: Identity, lease_id: str, container: str, init_pid: int, *, held: bool = False,
+                     warn_signal: int = 0, shown: tuple[str, str] = ("", ""), starting: bool = False) -> Lease:
         """Apply lease `lease_id` (the caller's: the service checked) to the container the caller
         started for it; the Lease as it is now. LeaseError when the container is not confirmed
-        as the lease's, has exited, or the lease has another container already."""
+        as the lease's, has exited, or the lease has another container already. `starting`:
+        only let that existing container start under the lease (the keeper's `let_start`)."""
         keeper = self._confirmer()
         lease = self.manager.active(lease_id)
+        if starting:
+            await keeper.let_start(lease, container)
+            return lease
         if lease.container is not None:
+            if container and lease.container.id == container and held and not lease.container.held:
+                return await self._detached(lease)
             if container and lease.container.id == container:
                 return lease  # the same call again (its reply was lost)
             raise LeaseError(f"lease {lease_id} is applied to container {lease.container.name} already")
@@ -82,6 +88,40 @@ class ContainerHolds:
                   lease_id=lease.id, user=lease.holder.user, device_uuids=lease.devices, pid=hold.init.pid)
         self.changes.changed()
         return lease
+
+    async def _detached(self, lease: Lease) -> Lease:
+        """The foreground container was detached from (Ctrl-P Ctrl-Q): it holds the lease alone
+        from now on, as if started with -d; its client's exit no longer ends the lease."""
+        assert lease.container is not None
+        asked_by = lease.holder.process
+        self.manager.hold_by_container(lease.id, replace(lease.container, held=True))
+        await self.store.save_holder(lease)
+        self._forget_if_idle(asked_by)
+        log_event("container", f"lease {lease.id} of {lease.holder.user} handed to container "
+                  f"{lease.container.name or lease.container.id[:12]}, detached from its client: it holds it alone",
+                  lease_id=lease.id, user=lease.holder.user, device_uuids=lease.devices, pid=lease.container.init.pid)
+        self.changes.changed()
+        return lease
+
+    def renamed(self, container_id: str, name: str) -> None:
+        """Its engine renamed a lease's container (`docker rename`): the lease shows the new name."""
+        for lease in list(self.manager.leases.values()):
+            if lease.container is not None and lease.container.id == container_id and lease.container.name != name:
+                self.manager.hold_by_container(lease.id, replace(lease.container, name=name))
+                self.store.save_holder(lease)  # written in order with the rest; a restart shows the new name
+                log_event("container", f"lease {lease.id}'s container is now named {name}", lease_id=lease.id,
+                          user=lease.holder.user)
+                self.changes.changed()
+
+    def container_of(self, pid: int) -> str:
+        """The name (else the short id) of the container a process runs in, "" none."""
+        keeper = self._keeper()
+        return keeper.container_of(pid) if keeper is not None else ""
+
+    def stopped(self) -> list[ContainerStopped]:
+        """The containers stopped lately for starting outside a live lease (`vaccel status`)."""
+        keeper = self._keeper()
+        return keeper.stopped_containers() if keeper is not None else []
 
     async def runs_inside(self, caller: Identity, lease: Lease) -> bool:
         keeper = self._keeper()

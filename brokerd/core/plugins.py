@@ -15,6 +15,7 @@ container itself when its lease ends (a lease hook), and when the core asks (`st
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Hashable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from brokerd.base.process import Holder, Identity
@@ -61,6 +62,20 @@ class Reporter(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class ContainerStopped:
+    """A container the broker stopped because it started outside a live lease (`vaccel status`)."""
+
+    engine: str
+    id: str
+    name: str
+    image: str
+    reason: str  # why, in words
+    at: float
+    lease_id: str  # the ended lease whose label it carried, "" none
+    user: str  # that lease's user, "" none
+
+
 class ContainerKeeper(Protocol):
     async def confirm(self, lease: Lease, caller: Identity, container: str, init_pid: int,
                       shown: tuple[str, str]) -> ContainerHold:
@@ -77,4 +92,17 @@ class ContainerKeeper(Protocol):
 
     def stop_container(self, lease: Lease) -> None:
         """Stop the lease's container (in the background): its lease ended as it was applied."""
+        ...
+
+    async def let_start(self, lease: Lease, container: str) -> None:
+        """Let an existing container start under `lease` (`vaccel run -- docker start NAME`), once
+        its engine shows it is the lease's user's and made with the lease's devices; LeaseError else."""
+        ...
+
+    def container_of(self, pid: int) -> str:
+        """The name (else the short id) of the container a process runs in, "" none (`busy_by`)."""
+        ...
+
+    def stopped_containers(self) -> list[ContainerStopped]:
+        """The containers it stopped lately for starting outside a live lease, newest last."""
         ...

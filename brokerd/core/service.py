@@ -252,12 +252,12 @@ class BrokerService:
             raise Internal(f"the broker could not record the release durably: {exc}") from exc
         return lease
 
-    async def attach_container(self, identity: Identity, lease_id: str, container: str, init_pid: int = 0, *,
-                               held: bool = False, warn_signal: int = 0, shown: tuple[str, str] = ("", "")) -> Lease:
-        """Apply the caller's lease to the container it started for it (ContainerHolds.attach)."""
+    async def attach_container(self, identity: Identity, lease_id: str, container: str, init_pid: int = 0,
+                               **how: Any) -> Lease:
+        """Apply the caller's lease to the container it started for it; `how`: ContainerHolds.attach's
+        keywords (held, warn_signal, shown, starting)."""
         self.permissions.require(Action.ATTACH, identity, self.manager.active(lease_id))
-        return await self.holds.attach(identity, lease_id, container, init_pid, held=held, warn_signal=warn_signal,
-                                       shown=shown)
+        return await self.holds.attach(identity, lease_id, container, init_pid, **how)
 
     async def drain(self, identity: Identity, device: str, reason: str, undo: bool) -> DeviceView:
         """Admins take a device out of the pool (by uuid or index) or put it back."""

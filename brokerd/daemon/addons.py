@@ -73,6 +73,7 @@ def plug_in(config: Config, service: BrokerService) -> AddOns:
 
 async def start_servers(config: Config, service: BrokerService, added: AddOns) -> list[Closer]:
     """Start what the plugged-in parts run beside the gRPC socket; return how to stop each."""
+    added.containers.start()  # after the restore: what runs outside a live lease is judged against it
     closers: list[Closer] = [added.containers.close]
     if added.gate is not None:
         closers.append(added.gate.close)

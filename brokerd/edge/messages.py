@@ -162,7 +162,12 @@ def status_reply(service: BrokerService, identity: Identity) -> pb.StatusReply:
             device_hours=use.device_hours, max_device_hours=use.max_device_hours, window_s=use.window_s,
             fair_usage=use.fair_usage,
         ))
+    busy = {msg.uuid: msg for msg in reply.devices if msg.state == "busy"}
     for proc in status.unleased_processes:
+        if proc.device_uuid in busy and not busy[proc.device_uuid].HasField("busy_by"):
+            busy[proc.device_uuid].busy_by.CopyFrom(pb.BusyBy(
+                user=proc.user or str(proc.uid), pid=proc.pid, command=proc.command,
+                container=service.holds.container_of(proc.pid)))
         reply.unleased_processes.append(pb.GpuProcess(
             pid=proc.pid, uid=max(proc.uid, 0), user=proc.user, command=proc.command,
             used_memory_mib=proc.used_memory_mib, device_uuid=proc.device_uuid,
@@ -170,6 +175,10 @@ def status_reply(service: BrokerService, identity: Identity) -> pb.StatusReply:
     for verdict in status.probes:
         reply.probes.append(pb.ProbeVerdict(vendor=verdict.vendor, available=verdict.available,
                                             reason=verdict.reason))
+    for stop in service.holds.stopped():
+        reply.stopped_containers.append(pb.ContainerStop(
+            engine=stop.engine, id=stop.id, name=stop.name, image=stop.image, reason=stop.reason, at=stop.at,
+            lease_id=stop.lease_id, user=stop.user))
     if status.outside is not None:
         add_outside(reply, status.outside)
     else:

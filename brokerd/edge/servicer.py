@@ -201,7 +201,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         try:
             lease = await self.service.attach_container(
                 identity, request.lease_id, request.container_id, request.init_pid, held=request.held,
-                warn_signal=request.warn_signal, shown=(request.name, request.image))
+                warn_signal=request.warn_signal, shown=(request.name, request.image), starting=request.starting)
         except LeaseError as exc:
             await self._fail(context, exc)
         return self.lease_pb(lease)

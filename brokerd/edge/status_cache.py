@@ -30,10 +30,11 @@ def fingerprint(service: BrokerService) -> Hashable:
     manager = service.manager
     return (
         id(service.snapshot), id(service.config), id(service.occupancy),
-        tuple((lease.id, lease.expires_at, lease.notice) for lease in manager.leases.values()),
+        tuple((lease.id, lease.expires_at, lease.notice, lease.holder.pid) for lease in manager.leases.values()),
         tuple((request.id, request.reason) for request in manager.queue),
         tuple(manager.drained.items()), tuple(manager.unavailable.items()), len(manager.ended),
         service.allocator.version() if service.allocator is not None else None,
+        tuple((stop.id, stop.at) for stop in service.holds.stopped()),
     )
 
 

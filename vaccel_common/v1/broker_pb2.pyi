@@ -33,7 +33,7 @@ class ContainerHolder(_message.Message):
     def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., image: _Optional[str] = ..., engine: _Optional[str] = ...) -> None: ...
 
 class AttachContainerRequest(_message.Message):
-    __slots__ = ("lease_id", "container_id", "init_pid", "held", "warn_signal", "name", "image")
+    __slots__ = ("lease_id", "container_id", "init_pid", "held", "warn_signal", "name", "image", "starting")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
     INIT_PID_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +41,7 @@ class AttachContainerRequest(_message.Message):
     WARN_SIGNAL_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
+    STARTING_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     container_id: str
     init_pid: int
@@ -48,10 +49,11 @@ class AttachContainerRequest(_message.Message):
     warn_signal: int
     name: str
     image: str
-    def __init__(self, lease_id: _Optional[str] = ..., container_id: _Optional[str] = ..., init_pid: _Optional[int] = ..., held: _Optional[bool] = ..., warn_signal: _Optional[int] = ..., name: _Optional[str] = ..., image: _Optional[str] = ...) -> None: ...
+    starting: bool
+    def __init__(self, lease_id: _Optional[str] = ..., container_id: _Optional[str] = ..., init_pid: _Optional[int] = ..., held: _Optional[bool] = ..., warn_signal: _Optional[int] = ..., name: _Optional[str] = ..., image: _Optional[str] = ..., starting: _Optional[bool] = ...) -> None: ...
 
 class Device(_message.Message):
-    __slots__ = ("index", "uuid", "vendor", "name", "memory_mib", "pci_bus_id", "arch", "driver_version", "memory_bandwidth_gbps", "healthy", "health_reason", "simulated", "numa_node", "backend", "state", "lease_id", "holder", "since", "memory_used_mib", "interconnect_group", "runtime_version", "compute_capability", "visible_id", "drain_reason", "gated", "time_left_s", "device_nodes", "utilization", "gate_reason", "label", "mig_index", "parent_uuid", "mig_profile", "sharing", "shares")
+    __slots__ = ("index", "uuid", "vendor", "name", "memory_mib", "pci_bus_id", "arch", "driver_version", "memory_bandwidth_gbps", "healthy", "health_reason", "simulated", "numa_node", "backend", "state", "lease_id", "holder", "since", "memory_used_mib", "interconnect_group", "runtime_version", "compute_capability", "visible_id", "drain_reason", "gated", "time_left_s", "device_nodes", "utilization", "gate_reason", "label", "mig_index", "parent_uuid", "mig_profile", "sharing", "shares", "busy_by")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     VENDOR_FIELD_NUMBER: _ClassVar[int]
@@ -87,6 +89,7 @@ class Device(_message.Message):
     MIG_PROFILE_FIELD_NUMBER: _ClassVar[int]
     SHARING_FIELD_NUMBER: _ClassVar[int]
     SHARES_FIELD_NUMBER: _ClassVar[int]
+    BUSY_BY_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     vendor: str
@@ -122,7 +125,8 @@ class Device(_message.Message):
     mig_profile: str
     sharing: str
     shares: _containers.RepeatedCompositeFieldContainer[Share]
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., vendor: _Optional[str] = ..., name: _Optional[str] = ..., memory_mib: _Optional[int] = ..., pci_bus_id: _Optional[str] = ..., arch: _Optional[str] = ..., driver_version: _Optional[str] = ..., memory_bandwidth_gbps: _Optional[float] = ..., healthy: _Optional[bool] = ..., health_reason: _Optional[str] = ..., simulated: _Optional[bool] = ..., numa_node: _Optional[int] = ..., backend: _Optional[str] = ..., state: _Optional[str] = ..., lease_id: _Optional[str] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ..., since: _Optional[float] = ..., memory_used_mib: _Optional[int] = ..., interconnect_group: _Optional[str] = ..., runtime_version: _Optional[str] = ..., compute_capability: _Optional[str] = ..., visible_id: _Optional[str] = ..., drain_reason: _Optional[str] = ..., gated: _Optional[bool] = ..., time_left_s: _Optional[float] = ..., device_nodes: _Optional[_Iterable[str]] = ..., utilization: _Optional[float] = ..., gate_reason: _Optional[str] = ..., label: _Optional[str] = ..., mig_index: _Optional[int] = ..., parent_uuid: _Optional[str] = ..., mig_profile: _Optional[str] = ..., sharing: _Optional[str] = ..., shares: _Optional[_Iterable[_Union[Share, _Mapping]]] = ...) -> None: ...
+    busy_by: BusyBy
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., vendor: _Optional[str] = ..., name: _Optional[str] = ..., memory_mib: _Optional[int] = ..., pci_bus_id: _Optional[str] = ..., arch: _Optional[str] = ..., driver_version: _Optional[str] = ..., memory_bandwidth_gbps: _Optional[float] = ..., healthy: _Optional[bool] = ..., health_reason: _Optional[str] = ..., simulated: _Optional[bool] = ..., numa_node: _Optional[int] = ..., backend: _Optional[str] = ..., state: _Optional[str] = ..., lease_id: _Optional[str] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ..., since: _Optional[float] = ..., memory_used_mib: _Optional[int] = ..., interconnect_group: _Optional[str] = ..., runtime_version: _Optional[str] = ..., compute_capability: _Optional[str] = ..., visible_id: _Optional[str] = ..., drain_reason: _Optional[str] = ..., gated: _Optional[bool] = ..., time_left_s: _Optional[float] = ..., device_nodes: _Optional[_Iterable[str]] = ..., utilization: _Optional[float] = ..., gate_reason: _Optional[str] = ..., label: _Optional[str] = ..., mig_index: _Optional[int] = ..., parent_uuid: _Optional[str] = ..., mig_profile: _Optional[str] = ..., sharing: _Optional[str] = ..., shares: _Optional[_Iterable[_Union[Share, _Mapping]]] = ..., busy_by: _Optional[_Union[BusyBy, _Mapping]] = ...) -> None: ...
 
 class Share(_message.Message):
     __slots__ = ("lease_id", "user", "uid", "memory_mib", "used_mib", "since")
@@ -398,7 +402,7 @@ class ProbeVerdict(_message.Message):
     def __init__(self, vendor: _Optional[str] = ..., available: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("hostname", "devices", "queue", "unleased_processes", "probes", "version", "simulated", "enforcement", "usage", "slurm_mode")
+    __slots__ = ("hostname", "devices", "queue", "unleased_processes", "probes", "version", "simulated", "enforcement", "usage", "slurm_mode", "stopped_containers")
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
@@ -409,6 +413,7 @@ class StatusReply(_message.Message):
     ENFORCEMENT_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     SLURM_MODE_FIELD_NUMBER: _ClassVar[int]
+    STOPPED_CONTAINERS_FIELD_NUMBER: _ClassVar[int]
     hostname: str
     devices: _containers.RepeatedCompositeFieldContainer[Device]
     queue: _containers.RepeatedCompositeFieldContainer[QueueEntry]
@@ -419,7 +424,40 @@ class StatusReply(_message.Message):
     enforcement: str
     usage: _containers.RepeatedCompositeFieldContainer[UserUsage]
     slurm_mode: str
-    def __init__(self, hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., queue: _Optional[_Iterable[_Union[QueueEntry, _Mapping]]] = ..., unleased_processes: _Optional[_Iterable[_Union[GpuProcess, _Mapping]]] = ..., probes: _Optional[_Iterable[_Union[ProbeVerdict, _Mapping]]] = ..., version: _Optional[str] = ..., simulated: _Optional[bool] = ..., enforcement: _Optional[str] = ..., usage: _Optional[_Iterable[_Union[UserUsage, _Mapping]]] = ..., slurm_mode: _Optional[str] = ...) -> None: ...
+    stopped_containers: _containers.RepeatedCompositeFieldContainer[ContainerStop]
+    def __init__(self, hostname: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., queue: _Optional[_Iterable[_Union[QueueEntry, _Mapping]]] = ..., unleased_processes: _Optional[_Iterable[_Union[GpuProcess, _Mapping]]] = ..., probes: _Optional[_Iterable[_Union[ProbeVerdict, _Mapping]]] = ..., version: _Optional[str] = ..., simulated: _Optional[bool] = ..., enforcement: _Optional[str] = ..., usage: _Optional[_Iterable[_Union[UserUsage, _Mapping]]] = ..., slurm_mode: _Optional[str] = ..., stopped_containers: _Optional[_Iterable[_Union[ContainerStop, _Mapping]]] = ...) -> None: ...
+
+class BusyBy(_message.Message):
+    __slots__ = ("user", "pid", "command", "container")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_FIELD_NUMBER: _ClassVar[int]
+    user: str
+    pid: int
+    command: str
+    container: str
+    def __init__(self, user: _Optional[str] = ..., pid: _Optional[int] = ..., command: _Optional[str] = ..., container: _Optional[str] = ...) -> None: ...
+
+class ContainerStop(_message.Message):
+    __slots__ = ("engine", "id", "name", "image", "reason", "at", "lease_id", "user")
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    engine: str
+    id: str
+    name: str
+    image: str
+    reason: str
+    at: float
+    lease_id: str
+    user: str
+    def __init__(self, engine: _Optional[str] = ..., id: _Optional[str] = ..., name: _Optional[str] = ..., image: _Optional[str] = ..., reason: _Optional[str] = ..., at: _Optional[float] = ..., lease_id: _Optional[str] = ..., user: _Optional[str] = ...) -> None: ...
 
 class UserUsage(_message.Message):
     __slots__ = ("user", "uid", "policy", "devices_held", "max_devices", "waiting", "max_waiting", "device_hours", "max_device_hours", "window_s", "fair_usage")

@@ -23,3 +23,8 @@ class ContainerInfo:
     running: bool
     labels: Mapping[str, str] = field(default_factory=dict)
     status: str = ""  # State.Status: "created" until it starts, then "running", "exited", ...
+    image_id: str = ""  # the image's own id (sha256:...): its labels say which of the container's it gave
+    # What it was given of the host's devices: the host paths of its --device nodes and bind
+    # mounts, and the ids its device requests name (`--gpus device=...`; "*" for all or a count).
+    device_paths: tuple[str, ...] = ()
+    device_ids: tuple[str, ...] = ()

@@ -9,10 +9,12 @@ and followed across a reload.
 Stopping, at any end of a lease (release, revoke, time limit, idle reclaim, the holder's or the
 container's exit): every running container the engines list with the lease's label and confirm
 as the lease's user's (membership.py: the labels, and its init in its own cgroup), including
-one started as the lease ended, before its client could name it; for a rootless container, its
-init, if it is still the same process of the holder's uid. SIGTERM to the init, SIGKILL after
-`[containers] stop_grace`. The freed devices are granted meanwhile, as after any end: the stop
-runs beside the hand-over, like the clean-up of brokerd/core/reaper.py.
+one started as the lease ended, before its client could name it, but not one whose label came
+from its image (a container of an image committed from the lease's: verdict.py); for a
+rootless container, its init, if it is still the same process of the holder's uid. A
+container that starts after its lease's end is the start guard's (guard.py: engine events).
+SIGTERM to the init, SIGKILL after `[containers] stop_grace`. The freed devices are granted
+meanwhile, as after any end: the stop runs beside the hand-over, like the clean-up of brokerd/core/reaper.py.
 """
 
 from __future__ import annotations
@@ -23,12 +25,16 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from brokerd.addons.containers import locate
+from brokerd.addons.containers.guard import StartGuard
 from brokerd.addons.containers.info import EngineError
-from brokerd.addons.containers.membership import LEASE_LABEL, USER_LABEL, Containers, RootlessContainer
+from brokerd.addons.containers.membership import DEVICES_LABEL, LEASE_LABEL, USER_LABEL, Containers, RootlessContainer
+from brokerd.addons.containers.verdict import held_devices, own_lease_label
 from brokerd.addons.containers.warning import Warnings
 from brokerd.base.journal import log_event
 from brokerd.base.process import Identity, ProcessId
 from brokerd.base.procinfo import start_time
+from brokerd.core.plugins import ContainerStopped
 from brokerd.leasing.errors import LeaseError, NotFound
 from brokerd.leasing.hooks import LeaseHook
 from brokerd.leasing.model import ContainerHold, Lease
@@ -53,6 +59,8 @@ class ContainerKeeper(LeaseHook):
         # had one at a restart), so that a change of the broker's state looks at those only.
         self._applied: set[str] = set()
         self.warnings = Warnings(self._held_leases, time.time)
+        self.guard = StartGuard(service)
+        self._following = False  # started: the engines' events are followed (start)
 
     # -- the engines, as configured now ----------------------------------------------
 
@@ -61,12 +69,29 @@ class ContainerKeeper(LeaseHook):
         sockets = (config.containers_docker, config.containers_podman)
         if sockets != self._sockets:
             old, self._engines, self._sockets = self._engines, Containers.configured(*sockets), sockets
+            if self._following:
+                self._spawn(self.guard.follow(self._engines))
             if old is not None:
                 self._spawn(old.close())
         return self._engines
 
+    def start(self) -> None:
+        """Follow the configured engines' events from now on (the daemon's loop runs, the
+        leases are restored): a container that starts outside a live lease is stopped."""
+        self._following = True
+        self._spawn(self.guard.follow(self.engines()))
+
+    def stopped_containers(self) -> list[ContainerStopped]:
+        return self.guard.stopped()
+
+    def container_of(self, pid: int) -> str:
+        """The name (else short id) of the container `pid` runs in, as the kernel shows it; "" none."""
+        ref = locate.container_of(pid)
+        return self.guard.name_of(ref.id) if ref is not None else ""
+
     async def close(self) -> None:
         self.warnings.close()
+        await self.guard.close()
         for task in list(self._tasks):
             task.cancel()
         if self._engines is not None:
@@ -85,7 +110,8 @@ class ContainerKeeper(LeaseHook):
         named = container[:12] or f"with init pid {init_pid}"
         if container and engines is not None:
             await engines.started(container, START_WAIT_S)
-            info = await engines.named_container(container, lease.id, lease.holder.user)
+            relabelled = self.guard.let_start.get(container) == lease.id
+            info = await engines.named_container(container, lease.id, lease.holder.user, relabelled)
             started = start_time(info.pid) if info is not None else None
             if info is not None and started is not None:
                 self._applied.add(lease.id)
@@ -127,6 +153,27 @@ class ContainerKeeper(LeaseHook):
         finally:
             held.close()
 
+    async def let_start(self, lease: Lease, container: str) -> None:
+        """Let the container start under `lease` (`vaccel run -- docker start NAME`): it must be
+        the lease's user's (its engine's label) and made with the lease's devices, no other."""
+        engines = self.engines()
+        info = await engines.described(container) if engines is not None and container else None
+        named = container[:12]
+        if info is None or info.id != container:
+            raise NotFound(f"no engine the broker asks knows container {named} (by its full id)")
+        if info.labels.get(USER_LABEL) != lease.holder.user:
+            raise LeaseError(f"container {info.name or named} was not made by {lease.holder.user} under vaccel run: "
+                             "it cannot start under their lease")
+        manager = self._service.manager
+        made_with = {device.uuid for device in held_devices(info, list(manager.devices.values()))}
+        if not made_with:  # podman 4.3 shows no --device in inspect: the devices vaccel labelled it with
+            made_with = set(info.labels.get(DEVICES_LABEL, "").split(",")) & set(manager.devices)
+        if not made_with or made_with != set(lease.devices):
+            shown = ", ".join(sorted(d.label for d in manager.devices.values() if d.uuid in made_with)) or "none"
+            raise LeaseError(f"container {info.name or named} was made with devices {shown}, lease {lease.id} holds "
+                             "others: lease exactly its devices")
+        self.guard.let_start[info.id] = lease.id
+
     async def runs_inside(self, caller: Identity, lease: Lease) -> bool:
         engines = self.engines()
         if engines is None:
@@ -147,12 +194,15 @@ class ContainerKeeper(LeaseHook):
     def ended(self, lease: Lease) -> None:
         self._applied.discard(lease.id)
         self.warnings.forget(lease.id)
+        self.guard.forget(lease.id)
         if lease.container is not None or self.engines() is not None:
             self._spawn(self._stop(lease))
 
     def changed(self) -> None:
-        """After every change of the broker's state: move the warnings' timers."""
+        """After every change of the broker's state: move the warnings' timers, and follow
+        the engines a reload configured."""
         self.warnings.changed()
+        self.engines()
 
     def _held_leases(self) -> list[Lease]:
         leases = self._service.manager.leases
@@ -172,16 +222,27 @@ class ContainerKeeper(LeaseHook):
                       lease_id=lease.id, level=logging.ERROR)
             return
         if stopped:
+            engine = {ROOTLESS: "podman"}.get(hold.engine, hold.engine) if hold is not None else "docker"
             log_event("container_stop", f"lease {lease.id} ended ({lease.state}): stopped container "
-                      f"{', '.join(stopped)} (SIGTERM, SIGKILL after {grace:g}s)", lease_id=lease.id,
-                      user=lease.holder.user, device_uuids=lease.devices)
+                      f"{', '.join(stopped)} (SIGTERM, SIGKILL after {grace:g}s); started outside a lease it is "
+                      f"stopped again: `vaccel run -- {engine} start -a {stopped[0]}` runs it under a new lease",
+                      lease_id=lease.id, user=lease.holder.user, device_uuids=lease.devices)
 
     async def _stop_rootful(self, lease: Lease, grace_s: float) -> list[str]:
         engines = self.engines()
         if engines is None:
             return []
         stopped = []
-        for info in await engines.lease_containers(lease.id, lease.holder.user):
+        confirmed = lease.container.id if lease.container is not None else ""
+        found = await engines.lease_containers(lease.id, lease.holder.user)
+        if confirmed and all(info.id != confirmed for info in found):  # started again under this lease
+            again = await engines.named_container(confirmed, lease.id, lease.holder.user, relabelled=True)
+            found += [again] if again is not None else []
+        for info in found:
+            # Not one whose label its image gave it (an image committed from the lease's
+            # container): that container was never made for this lease.
+            if info.id != confirmed and own_lease_label(info.labels, await engines.image_labels(info)) != lease.id:
+                continue
             try:
                 if await engines.stop(info, grace_s):
                     stopped.append(info.name or info.id[:12])

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 LEASE_LABEL = "org.vaccel.lease"
 USER_LABEL = "org.vaccel.user"
+DEVICES_LABEL = "org.vaccel.devices"  # the leased UUIDs it was made with (client/vaccel/containers/argv.py)
 _FULL_ID = re.compile(r"[0-9a-f]{64}")
 START_WAIT_S = 5.0  # a container created and not yet started: how long to wait for its start
 log = logging.getLogger("vaccel.brokerd")
@@ -103,17 +104,21 @@ class Containers:
         info = await self.container_of(pid)
         return info if info is not None and info.labels.get(LEASE_LABEL) == lease_id else None
 
-    async def named_container(self, container: str, lease_id: str, user: str) -> ContainerInfo | None:
+    async def named_container(self, container: str, lease_id: str, user: str,
+                              relabelled: bool = False) -> ContainerInfo | None:
         """The container a client names, when it is lease `lease_id`'s (started by `user`) and
         running, with its init in that container's cgroup; None otherwise. Only a full id is
-        looked up: an engine takes a short prefix or a name too, which could match another."""
+        looked up: an engine takes a short prefix or a name too, which could match another.
+        `relabelled`: the lease was let start it (`vaccel run -- docker start`), so it carries
+        an older lease's label; its user's label must still be `user`."""
         if not _FULL_ID.fullmatch(container):
             return None
         for engine in self.engines:
             info = await self._inspect(engine, container)
             if info is None:
                 continue
-            labelled = info.labels.get(LEASE_LABEL) == lease_id and info.labels.get(USER_LABEL) == user
+            labelled = ((relabelled or info.labels.get(LEASE_LABEL) == lease_id)
+                        and info.labels.get(USER_LABEL) == user)
             ref = locate.container_of(info.pid, self.proc_root) if info.running and info.pid else None
             return info if labelled and ref is not None and ref.id == info.id else None
         return None
@@ -148,6 +153,15 @@ class Containers:
                 if info is not None:
                     found.append(info)
         return found
+
+    async def image_labels(self, info: ContainerInfo) -> dict[str, str]:
+        """The labels of the container's image, as the engine that described it has them."""
+        engine = next((e for e in self.engines if e.engine == info.engine), None)
+        try:
+            return await engine.image_labels(info.image_id) if engine is not None else {}
+        except EngineError as exc:
+            log.warning("containers: %s", exc)
+            return {}
 
     async def stop(self, info: ContainerInfo, grace_s: float) -> bool:
         """Stop a container found above, through the engine that described it (SIGTERM, then

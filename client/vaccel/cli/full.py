@@ -117,6 +117,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                        "the lease (vaccel reserve), not to the run", EXIT_USAGE)
     warn_signal = signal_number(args.signal)
     container = _container_run(command)
+    if container is not None:  # what a container's lease may be asked with (and `docker start`'s devices)
+        from vaccel.containers.start import lease_options
+
+        gpus, devices = lease_options(container, args, gpus, devices)
     if not args.lease:  # a login node in [slurm] mode = "submit": Slurm runs it (vaccel/slurm/submit.py)
         from vaccel.slurm.submit import run_from_cli
 
@@ -147,13 +151,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 # vaccel.containers.engine_command.ENGINE_PROGRAMS's names (tests/test_containers_client.py checks): known
 # here so that a plain `vaccel run` does not import the container machinery to learn it is not a container run.
-_ENGINE_PROGRAMS = ("docker", "podman", "podman-remote")
+_ENGINE_PROGRAMS, _COMPOSE = ("docker", "podman", "podman-remote"), ("docker-compose", "podman-compose")
 
 
 def _container_run(command: list[str]) -> ContainerRun | None:
     """The command read as a container engine's run (vaccel/containers/engine_command.py), None for any other
     command; a run that would defeat the lease is refused here, before anything starts."""
-    if os.path.basename(command[0]) not in _ENGINE_PROGRAMS:
+    if os.path.basename(command[0]) not in (*_ENGINE_PROGRAMS, *_COMPOSE):
         return None
     from vaccel.containers import rules as container_rules
     from vaccel.containers.engine_command import ContainerRefused, recognise
@@ -162,6 +166,10 @@ def _container_run(command: list[str]) -> ContainerRun | None:
         run = recognise(command)
         if run is not None:
             container_rules.check(run)
+        else:  # `docker start NAME`, `docker restart NAME`: the way back to a container (container_start.py)
+            from vaccel.containers.start import recognise_start
+
+            return recognise_start(command)  # type: ignore[return-value]
     except ContainerRefused as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
     return run

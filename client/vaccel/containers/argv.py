@@ -11,7 +11,8 @@
   which a container renumbers from 0, renumbered), the allocator settings, and every vendor
   container runtime's own selection variable (an image's `=all` overridden);
 - labels `org.vaccel.lease=ID` and `org.vaccel.user=NAME`, which the broker checks with the
-  engine before it counts a container as the lease's;
+  engine before it counts a container as the lease's, and `org.vaccel.devices=UUID,...`, the
+  devices `vaccel run -- docker start NAME` leases again (container_start.py);
 - `--cidfile` (unless the user gave one), where the engine writes the container's id;
 - `--init` (unless the user chose): signals reach the command as on a host, so SIGTERM at the
   lease's end stops a command that would ignore it as PID 1 and wait out the whole grace.
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 
 LEASE_LABEL = "org.vaccel.lease"
 USER_LABEL = "org.vaccel.user"
+DEVICES_LABEL = "org.vaccel.devices"  # the leased UUIDs: what `vaccel run -- docker start` leases again
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,8 @@ def apply(run: ContainerRun, lease: ContainerLease, cidfile: str) -> tuple[list[
     added += ["--mount", _csv(["type=bind", f"src={folder}", f"dst={folder}"])]
     for name, value in sorted(container_env(lease).items()):
         added += ["-e", f"{name}={value}"]
-    added += ["--label", f"{LEASE_LABEL}={lease.lease_id}", "--label", f"{USER_LABEL}={lease.user}"]
+    added += ["--label", f"{LEASE_LABEL}={lease.lease_id}", "--label", f"{USER_LABEL}={lease.user}",
+              "--label", f"{DEVICES_LABEL}={','.join(d.uuid for d in lease.devices)}"]
     given = run.values("--cidfile")
     if not given:
         added += ["--cidfile", cidfile]

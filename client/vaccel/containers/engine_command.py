@@ -19,13 +19,19 @@ import os
 from dataclasses import dataclass
 
 from vaccel.containers import options as opts
+from vaccel.session.lease import LeaseError
 
 # pflag's spellings of true: `--rm=1`, `--privileged=T`.
 _TRUE = frozenset({"", "1", "t", "T", "true", "TRUE", "True"})
 
 
-class ContainerRefused(ValueError):
-    """The container command cannot be run under a lease as written; one line says why."""
+class ContainerRefused(LeaseError, ValueError):
+    """The container command cannot be run under a lease as written; one line says why. A
+    LeaseError too: where it is found only once the lease is known (`-d` with `--lease`), the
+    CLI says it as any refusal, in one line, exit status 2 (invalid_argument)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "invalid_argument")
 
 
 @dataclass(frozen=True)

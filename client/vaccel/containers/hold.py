@@ -62,12 +62,25 @@ def run_container(run: ContainerRun, session: LeaseSession, lease: Lease, socket
         namer = _Namer(run, session, lease, cidfile, warn_signal)
         namer.start()
         try:
-            return supervise(command)
+            code = supervise(command)
         finally:
             namer.stop()
+        if code == 0 and _running(run, _read_id(cidfile)):  # detached from (Ctrl-P Ctrl-Q): it holds the lease
+            return _hand_over(run, session, lease, cidfile, warn_signal, "detached: ")
+        return code
 
 
-def _hand_over(run: ContainerRun, session: LeaseSession, lease: Lease, cidfile: str, warn_signal: int | None) -> int:
+def _running(run: ContainerRun, container: str) -> bool:
+    """Whether the container still runs, as its engine's client says (after the client returned)."""
+    if not container:
+        return False
+    shown = subprocess.run([run.program, *run.global_words, "inspect", "--format", "{{.State.Running}}", container],
+                           capture_output=True, text=True, timeout=30, check=False)
+    return shown.stdout.strip() == "true"
+
+
+def _hand_over(run: ContainerRun, session: LeaseSession, lease: Lease, cidfile: str, warn_signal: int | None,
+               how: str = "") -> int:
     """A detached container runs: make it the lease's holder, or remove it and say why."""
     container = _read_id(cidfile)
     try:
@@ -79,7 +92,7 @@ def _hand_over(run: ContainerRun, session: LeaseSession, lease: Lease, cidfile: 
         raise LeaseError(f"container {container[:12]} removed: {exc}") from None
     session.hand_over()
     shown = held.holder.container.name or container[:12]
-    print(f"vaccel: lease {lease.id} is held by container {shown} ({container[:12]}) until it stops, its time "
+    print(f"vaccel: {how}lease {lease.id} is held by container {shown} ({container[:12]}) until it stops, its time "
           f"limit, or `vaccel release {lease.id}`", file=sys.stderr, flush=True)
     return 0
 

@@ -10,7 +10,10 @@ tutorial (`--gpus all`, `--privileged`) that would silently take other people's 
 
 from __future__ import annotations
 
+import csv
+import json
 import os
+import subprocess
 from collections.abc import Callable, Iterator
 
 from vaccel.containers.engine_command import ContainerRefused, ContainerRun, Option
@@ -75,11 +78,16 @@ def _host_namespaces(run: ContainerRun) -> str:
 
 
 def _mounts(run: ContainerRun) -> str:
-    """A bind mount of /dev or of a GPU node: on rootless podman nothing but the node's ACL stands
-    between it and the GPU (no devices cgroup on cgroup v1)."""
+    """A bind mount of /dev, a folder above it, or a GPU node, as the engine will mount it: the
+    path resolved (a symlink to /dev is /dev; binds are recursive, so / holds /dev too), and a
+    local volume that binds a path (`o=bind`) counted as a bind of that path. On rootless
+    podman nothing but the node's ACL stands between such a mount and the GPU (no devices
+    cgroup on cgroup v1)."""
     for option, source in _bind_sources(run):
-        if os.path.normpath(source) == "/dev" or is_gpu_node(source):
-            return f"{option.spelling}: mounts {source}; vaccel gives the container the leased GPUs' nodes itself"
+        real = os.path.realpath(source)
+        if real == "/dev" or "/dev".startswith(real.rstrip("/") + "/") or is_gpu_node(source):
+            shown = source if real == os.path.normpath(source) else f"{source} ({real})"
+            return f"{option.spelling}: mounts {shown}; vaccel gives the container the leased GPUs' nodes itself"
     return ""
 
 
@@ -110,18 +118,51 @@ def check(run: ContainerRun) -> None:
 
 
 def _bind_sources(run: ContainerRun) -> Iterator[tuple[Option, str]]:
+    """Every host path the run will bind: -v and --mount binds, and the paths local volumes bind
+    (named volumes as the engine has them, `--mount volume-opt=` given inline)."""
     for option in run.options:
         if option.value is None:
             continue
         if option.name == "--volume":
             source = option.value.split(":")[0]
-            if source.startswith("/"):  # else a named volume
+            if source.startswith("/"):
                 yield option, source
+            elif source:  # a named volume: what it binds, if it is a local one with o=bind
+                yield from ((option, path) for path in _volume_binds(run, source, {}))
         elif option.name == "--mount":
-            fields = dict(f.partition("=")[::2] for f in option.value.split(","))
+            pairs = _mount_fields(option.value)
+            fields = dict(pairs)  # the last of each key, as the engine keeps it
             source = fields.get("source") or fields.get("src") or ""
-            if fields.get("type", "volume") == "bind" and source:
+            kind = fields.get("type", "volume")
+            if kind == "bind" and source:
                 yield option, source
+            elif kind == "volume":
+                inline = dict(v.partition("=")[::2] for k, v in pairs if k == "volume-opt")
+                yield from ((option, path) for path in _volume_binds(run, source, inline))
+
+
+def _mount_fields(value: str) -> list[tuple[str, str]]:
+    """(key, value) of each field: the engines read --mount as one CSV line, so a field may be
+    quoted (`"source=/dev"`, `"volume-opt=o=bind"`)."""
+    try:
+        fields = next(csv.reader([value]), [])
+    except csv.Error:
+        raise ContainerRefused(f"--mount {value}: not one line of comma-separated fields") from None
+    return [(key.strip().lower(), val) for key, _, val in (f.partition("=") for f in fields)]
+
+
+def _volume_binds(run: ContainerRun, name: str, options: dict[str, str]) -> list[str]:
+    """The host path a local volume binds (`type=none,o=bind,device=PATH`), [] for any other.
+    Options given inline are the volume's; else the engine's own volume of that name is read."""
+    if not options and name:
+        done = subprocess.run([run.program, *run.global_words, "volume", "inspect", "--format", "{{json .Options}}",
+                               name], capture_output=True, text=True, timeout=30, check=False)
+        try:
+            options = json.loads(done.stdout) or {} if done.returncode == 0 else {}
+        except ValueError:
+            options = {}
+    binds = "bind" in str(options.get("o", "")).replace(",", " ").split() or "rbind" in str(options.get("o", ""))
+    return [str(options["device"])] if binds and str(options.get("device", "")).startswith("/") else []
 
 
 def _env_names(run: ContainerRun) -> Iterator[tuple[str, str]]:

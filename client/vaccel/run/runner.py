@@ -230,7 +230,7 @@ def _supervise_container(container: ContainerRun, session: LeaseSession, lease_o
                          wake: _Waker, ending: _Ending) -> int:
     """Run a container engine's `run` with the lease applied to the container, which the lease
     then follows (vaccel/containers/hold.py; imported here: a plain `vaccel run` does not pay for it)."""
-    from vaccel.containers.hold import run_container
+    from vaccel.containers.start import run_or_start as run_container  # `docker start NAME` too
     from vaccel_common.paths import client_socket
 
     # The engine's client catches every signal and passes it on to the container, whose command
