@@ -251,13 +251,13 @@ DEVICES_SHOWN = "document.querySelectorAll('[data-device]').length"
 def test_the_page_shows_devices_and_follows_a_lease_live(web: Web, browser: Chromium):
     browser.open(web.url + "/")
     devices = status(web.broker)["devices"]
-    assert browser.wait_for(f"{DEVICES_SHOWN} === {len(devices)}", timeout=10)
-    assert browser.wait_for("document.getElementById('live').className === 'live on'", timeout=10)
+    assert browser.wait_for(f"{DEVICES_SHOWN} === {len(devices)}", timeout=60)
+    assert browser.wait_for("document.getElementById('live').className === 'live on'", timeout=60)
     text = browser.text()
     assert all(f"gpu{d['index']}" in text for d in devices)
     report_code = web.request("GET", "/api/report?since=7d")[0]
     if report_code == 404:
-        assert browser.wait_for("document.body.innerText.includes('accounting not available')", timeout=5)
+        assert browser.wait_for("document.body.innerText.includes('accounting not available')", timeout=60)
 
     proc, device = holding(web, "sleep", "30")
     lease_id, user = device["lease_id"], device["holder"]["user"]
@@ -271,7 +271,7 @@ def test_the_page_shows_devices_and_follows_a_lease_live(web: Web, browser: Chro
                         f"{browser.text()}")
         shown = browser.evaluate(f"{card}.innerText")
         assert user in shown and str(proc.pid) in shown
-        browser.wait_for("document.querySelector('#timeline rect[fill^=\"hsl\"]') !== null", timeout=5)
+        browser.wait_for("document.querySelector('#timeline rect[fill^=\"hsl\"]') !== null", timeout=60)
         shot = browser.screenshot(ARTIFACTS / "dashboard.png")
         assert shot.stat().st_size > 10_000
     finally:
