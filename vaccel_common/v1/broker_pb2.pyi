@@ -141,7 +141,7 @@ class Share(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., user: _Optional[str] = ..., uid: _Optional[int] = ..., memory_mib: _Optional[int] = ..., used_mib: _Optional[int] = ..., since: _Optional[float] = ...) -> None: ...
 
 class ClientFacts(_message.Message):
-    __slots__ = ("python_version", "torch_version", "torch_backend", "torch_runtime_version", "kernel_archs", "ptx_archs", "distributed_available", "distributed_backends", "packages")
+    __slots__ = ("python_version", "torch_version", "torch_backend", "torch_runtime_version", "kernel_archs", "ptx_archs", "distributed_available", "distributed_backends", "packages", "python_executable")
     class PackagesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -158,6 +158,7 @@ class ClientFacts(_message.Message):
     DISTRIBUTED_AVAILABLE_FIELD_NUMBER: _ClassVar[int]
     DISTRIBUTED_BACKENDS_FIELD_NUMBER: _ClassVar[int]
     PACKAGES_FIELD_NUMBER: _ClassVar[int]
+    PYTHON_EXECUTABLE_FIELD_NUMBER: _ClassVar[int]
     python_version: str
     torch_version: str
     torch_backend: str
@@ -167,7 +168,8 @@ class ClientFacts(_message.Message):
     distributed_available: bool
     distributed_backends: _containers.RepeatedScalarFieldContainer[str]
     packages: _containers.ScalarMap[str, str]
-    def __init__(self, python_version: _Optional[str] = ..., torch_version: _Optional[str] = ..., torch_backend: _Optional[str] = ..., torch_runtime_version: _Optional[str] = ..., kernel_archs: _Optional[_Iterable[str]] = ..., ptx_archs: _Optional[_Iterable[str]] = ..., distributed_available: _Optional[bool] = ..., distributed_backends: _Optional[_Iterable[str]] = ..., packages: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    python_executable: str
+    def __init__(self, python_version: _Optional[str] = ..., torch_version: _Optional[str] = ..., torch_backend: _Optional[str] = ..., torch_runtime_version: _Optional[str] = ..., kernel_archs: _Optional[_Iterable[str]] = ..., ptx_archs: _Optional[_Iterable[str]] = ..., distributed_available: _Optional[bool] = ..., distributed_backends: _Optional[_Iterable[str]] = ..., packages: _Optional[_Mapping[str, str]] = ..., python_executable: _Optional[str] = ...) -> None: ...
 
 class AcquireRequest(_message.Message):
     __slots__ = ("gpus", "min_memory_mib", "max_wait_seconds", "wait_forever", "runtime_spec_yaml", "runtime_spec_name", "accelerator_config_yaml", "accelerator_config_name", "client", "command", "request_key", "time_limit_s", "devices", "reservation", "memory_mib")
