@@ -102,3 +102,28 @@ def test_an_ended_lease_says_what_happened_not_what_would_unless(state: str, not
     clock.now += 31
     (ended,) = m.expire()
     assert (ended.state, ended.end_reason) == (state, reason)
+
+
+def test_a_request_over_max_waiting_exits_75_as_the_readme_says(start_broker):
+    import subprocess
+
+    from tests.test_broker_integration import leased, status, wait_for
+
+    broker = start_broker(config='[leases]\nheartbeat_ttl = "3s"\n[policy.default]\nmax_waiting = 1\n')
+    holder = subprocess.Popen([broker.python, "-m", "vaccel.cli", "run", "--gpus", "4", "--", "sleep", "3600"],
+                              env=broker.env, stderr=subprocess.PIPE)
+    waiter = None
+    try:
+        wait_for(lambda: len(leased(broker)) == 4)
+        waiter = subprocess.Popen([broker.python, "-m", "vaccel.cli", "run", "--", "true"], env=broker.env,
+                                  stderr=subprocess.PIPE)
+        wait_for(lambda: status(broker)["queue"])
+        r = broker.vaccel("run", "--", "true")
+        assert r.returncode == 75 and "limit max_waiting=1" in r.stderr, r.stderr
+    finally:
+        for p in (holder, waiter):
+            if p is not None:
+                p.kill()
+                p.wait()
+    readme = (ROOT / "README.md").read_text()
+    assert "75 busy with `--no-wait`, `--wait` ran out, or your waiting requests are at your `max_waiting`" in readme

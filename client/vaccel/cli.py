@@ -48,8 +48,8 @@ Share this host's GPUs without fighting over them: exclusive leases from vaccel-
   vaccel check runtime-spec.yaml      can this host and this Python run that contract?
 
 exit status: run exits with the command's status (124 when the lease's time limit stopped
-it); 1 refused, 2 bad usage or file, 69 broker unreachable, 75 busy (--no-wait) or waited
-too long (--wait), 127 command not found.
+it); 1 refused, 2 bad usage or file, 69 broker unreachable, 75 busy (--no-wait), waited
+too long (--wait) or too many of your requests waiting (max_waiting), 127 command not found.
 """
 
 
