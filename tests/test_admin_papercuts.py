@@ -127,3 +127,19 @@ def test_a_request_over_max_waiting_exits_75_as_the_readme_says(start_broker):
                 p.wait()
     readme = (ROOT / "README.md").read_text()
     assert "75 busy with `--no-wait`, `--wait` ran out, or your waiting requests are at your `max_waiting`" in readme
+
+
+def test_report_shows_idle_device_hours_as_not_measured_on_simulated_devices(broker):
+    """The simulated inventory measures no utilisation: its idle device-hours are unknown,
+    which the table says with "-", not 0.00 ("nothing was idle")."""
+    import json
+
+    run = broker.vaccel("run", "--", "true")
+    assert run.returncode == 0, run.stderr
+    r = broker.vaccel("report")
+    assert r.returncode == 0, r.stderr
+    header, *rows = r.stdout.splitlines()[1:]
+    column = header.index("IDLE DEV-H")
+    assert rows and all(row[column:].split()[0] == "-" for row in rows), r.stdout
+    doc = json.loads(broker.vaccel("report", "--json").stdout)
+    assert doc["total"]["idle_measured"] is False and doc["total"]["idle_device_hours"] == 0

@@ -310,3 +310,22 @@ def test_the_page_shows_a_reservation_as_vaccel_status_does(web: Web, browser: C
         assert "(reserved)" in shown and "pid 0" not in shown, shown
     finally:
         web.broker.vaccel("release", reservation["lease_id"])
+
+
+FIRST_PAINT = """(() => {
+  // The page as it paints before /api/report has answered: nothing known of the report yet.
+  state.report = null; state.reportNote = ""; state.reportMissing = false;
+  state.timeline = state.timeline || { devices: [] };
+  renderUsageFromTimeline(); renderWaits();
+  return [document.getElementById('usage-note').textContent, document.getElementById('waits-note').textContent];
+})()"""
+
+
+def test_the_first_paint_does_not_claim_the_daemon_keeps_no_usage_report(web: Web, browser: Chromium):
+    browser.open(web.url + "/")
+    assert browser.wait_for("document.body.dataset.report !== undefined", timeout=60)  # loadReport answered
+    usage, waits = browser.evaluate(FIRST_PAINT)
+    assert "does not keep" not in usage + waits and "Loading the usage report" in usage, (usage, waits)
+    # Once the daemon has said it keeps none (404), the page says so.
+    if web.request("GET", "/api/report?since=7d")[0] == 404:
+        assert browser.wait_for("document.body.innerText.includes('accounting not available')", timeout=60)

@@ -59,6 +59,7 @@ class ReportRow:
     wait_max_s: float = 0.0
     idle_device_hours: float = 0.0
     end_reasons: dict[str, int] = field(default_factory=dict)
+    idle_measured: bool = False  # a probe measured the idleness of one of its leases (else the 0 is unknown)
     lease: UsageRow | None = None  # by lease: the lease the row is
 
 
@@ -103,6 +104,7 @@ class _Tally:
     def __init__(self) -> None:
         self.seconds = 0.0
         self.idle_seconds = 0.0
+        self.idle_measured = False
         self.waits: dict[str, float] = {}
         self.ends: dict[str, str] = {}
 
@@ -110,6 +112,7 @@ class _Tally:
         span = end - start
         self.seconds += devices * span
         if row.idle_device_s is not None:
+            self.idle_measured = True
             full = row.ended_at - row.granted_at
             # Idle time is kept per lease, not per moment: a clipped share is pro rata.
             share = span / full if full > 0 else 0.0
@@ -125,7 +128,7 @@ class _Tally:
         return ReportRow(key=key, device_hours=self.seconds / 3600, leases=len(waits),
                          wait_p50_s=percentile(waits, 50), wait_p90_s=percentile(waits, 90),
                          wait_max_s=max(waits, default=0.0), idle_device_hours=self.idle_seconds / 3600,
-                         end_reasons=dict(sorted(reasons.items())))
+                         end_reasons=dict(sorted(reasons.items())), idle_measured=self.idle_measured)
 
 
 def _clip(row: UsageRow, since: float, until: float) -> tuple[float, float] | None:
@@ -213,7 +216,7 @@ def row_json(row: ReportRow) -> dict[str, Any]:
     return {"key": row.key, "device_hours": round(row.device_hours, 6), "leases": row.leases,
             "wait_p50_s": round(row.wait_p50_s, 3), "wait_p90_s": round(row.wait_p90_s, 3),
             "wait_max_s": round(row.wait_max_s, 3), "idle_device_hours": round(row.idle_device_hours, 6),
-            "end_reasons": dict(row.end_reasons)}
+            "idle_measured": row.idle_measured, "end_reasons": dict(row.end_reasons)}
 
 
 def report_json(report: Report) -> dict[str, Any]:

@@ -460,7 +460,7 @@ class ReportRequest(_message.Message):
     def __init__(self, since: _Optional[float] = ..., until: _Optional[float] = ..., by: _Optional[str] = ...) -> None: ...
 
 class ReportRow(_message.Message):
-    __slots__ = ("key", "device_hours", "leases", "wait_p50_s", "wait_p90_s", "wait_max_s", "idle_device_hours", "end_reasons", "lease")
+    __slots__ = ("key", "device_hours", "leases", "wait_p50_s", "wait_p90_s", "wait_max_s", "idle_device_hours", "end_reasons", "lease", "idle_measured")
     class EndReasonsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -477,6 +477,7 @@ class ReportRow(_message.Message):
     IDLE_DEVICE_HOURS_FIELD_NUMBER: _ClassVar[int]
     END_REASONS_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
+    IDLE_MEASURED_FIELD_NUMBER: _ClassVar[int]
     key: str
     device_hours: float
     leases: int
@@ -486,7 +487,8 @@ class ReportRow(_message.Message):
     idle_device_hours: float
     end_reasons: _containers.ScalarMap[str, int]
     lease: UsedLease
-    def __init__(self, key: _Optional[str] = ..., device_hours: _Optional[float] = ..., leases: _Optional[int] = ..., wait_p50_s: _Optional[float] = ..., wait_p90_s: _Optional[float] = ..., wait_max_s: _Optional[float] = ..., idle_device_hours: _Optional[float] = ..., end_reasons: _Optional[_Mapping[str, int]] = ..., lease: _Optional[_Union[UsedLease, _Mapping]] = ...) -> None: ...
+    idle_measured: bool
+    def __init__(self, key: _Optional[str] = ..., device_hours: _Optional[float] = ..., leases: _Optional[int] = ..., wait_p50_s: _Optional[float] = ..., wait_p90_s: _Optional[float] = ..., wait_max_s: _Optional[float] = ..., idle_device_hours: _Optional[float] = ..., end_reasons: _Optional[_Mapping[str, int]] = ..., lease: _Optional[_Union[UsedLease, _Mapping]] = ..., idle_measured: _Optional[bool] = ...) -> None: ...
 
 class UsedLease(_message.Message):
     __slots__ = ("user", "requested_at", "granted_at", "ended_at", "devices", "time_limit_s", "reservation", "state")
