@@ -79,11 +79,14 @@ def test_install_writes_a_kernelspec_that_jupyter_lists(broker: Broker, jupyter_
     assert r.returncode == 0, r.stderr
     assert "vaccel-2gpu" in r.stdout
     spec = KernelSpecManager().get_kernel_spec("vaccel-2gpu")
-    assert spec.display_name == "Python 3 (vaccel, 2 GPUs)"
+    assert spec.display_name == "Python 3 (vaccel, 2 GPUs, fails at once when busy)"  # not the waiting one's
     assert spec.argv[1:] == ["-m", "vaccel.kernel", "-f", "{connection_file}", "--gpus", "2", "--on-busy", "fail"]
     assert spec.metadata["kernel_provisioner"]["provisioner_name"] == "vaccel-provisioner"
     r = install(broker, "--gpus", "0")
     assert r.returncode == 2 and "--gpus" in r.stderr
+    r = install(broker, "--gpus", "2", "--name", "vaccel-2gpu-wait")
+    assert r.returncode == 0, r.stderr
+    assert KernelSpecManager().get_kernel_spec("vaccel-2gpu-wait").display_name == "Python 3 (vaccel, 2 GPUs)"
 
 
 def test_a_cell_sees_its_lease_and_an_interrupt_keeps_the_kernel(broker: Broker, kernel: KernelManager):
