@@ -23,7 +23,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -151,14 +150,8 @@ def python_at(path: str, packages: Iterable[str] = (), env: Mapping[str, str] | 
     env = dict(os.environ if env is None else env)
     names = sorted(dict.fromkeys(packages))
     path = os.path.abspath(path)
-    if path == sys.executable or (os.path.dirname(path) == os.path.dirname(sys.executable)
-                                  and os.path.realpath(path) == os.path.realpath(sys.executable)):
-        # This very interpreter (python3 beside python in one venv): no need to start it again.
-        from vaccel.facts import gather_facts
-
-        facts = gather_facts(names)
-        facts.python_executable = path
-        return JobPython(path, facts)
+    # Asked in a process of its own even when it is this very interpreter: the answer is
+    # cached, where gathering here would import torch (1-3 s) at every run.
     answer = _cached(path, names, env)
     if answer is None:
         answer = _probe(path, names, env)
