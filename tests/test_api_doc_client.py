@@ -110,3 +110,40 @@ def test_the_proto_names_its_package_for_other_languages_code_generators():
     for option in ("go_package", "java_package", "csharp_namespace", "php_namespace", "ruby_package",
                    "objc_class_prefix"):
         assert f"option {option} = " in text, option
+
+
+GO_TOOLS = ("go", "protoc", "protoc-gen-go")
+
+
+def test_a_go_client_from_api_md_and_the_proto_takes_heartbeats_and_releases_a_lease(broker: Broker,
+                                                                                       tmp_path: Path):
+    """examples/go/main.go, built offline with Debian's Go packages (golang-go,
+    golang-google-grpc-dev, golang-goprotobuf-dev, protobuf-compiler: scripts/setup.sh)."""
+    import shutil
+
+    missing = [tool for tool in GO_TOOLS if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"SKIPPED LOUDLY: {', '.join(missing)} not installed, so the Go client is not built "
+                    "(scripts/setup.sh installs Debian's Go packages)")
+    gopath = tmp_path / "gopath"
+    (gopath / "src").mkdir(parents=True)
+    done = subprocess.run(["protoc", f"-I{ROOT / 'proto'}", f"--go_out=plugins=grpc:{gopath / 'src'}", str(PROTO)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (gopath / "src" / "vaccel" / "api" / "vaccel" / "v1" / "broker.pb.go").exists()  # where go_package says
+    client = gopath / "src" / "vaccelclient"
+    client.mkdir()
+    shutil.copy(ROOT / "examples" / "go" / "main.go", client / "main.go")
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "GOPATH": f"{gopath}:/usr/share/gocode",
+           "GO111MODULE": "off", "GOCACHE": str(tmp_path / "gocache"), "GOFLAGS": "", "CGO_ENABLED": "0"}
+    built = subprocess.run(["go", "build", "-o", str(tmp_path / "vaccel-go-client"), "vaccelclient"], env=env,
+                           capture_output=True, text=True, timeout=900)
+    assert built.returncode == 0, built.stderr
+    ran = subprocess.run([str(tmp_path / "vaccel-go-client")], env=broker.env, capture_output=True, text=True,
+                         timeout=300)
+    assert ran.returncode == 0, ran.stderr
+    said = json.loads(ran.stdout.splitlines()[-1])
+    code, details = said["missing"]
+    assert code == "Unauthenticated" and "'.id'" in details, said["missing"]
+    assert said["lease"].startswith("l-") and said["held_by"] == said["pid"] and said["beat_expires"]
+    assert said["released"] == "released"
