@@ -291,7 +291,7 @@ def test_the_page_draws_the_timeline_of_past_leases(public_web: Web, browser: Ch
     browser.open(public_web.url + "/")
     titles = browser.wait_for(
         "[...document.querySelectorAll('#timeline title')].map(t => t.textContent)"
-        f".filter(t => t.includes('{lease_id}'))", timeout=5)
+        f".filter(t => t.includes('{lease_id}'))", timeout=60)
     assert len(titles) == 2  # one bar on each of its two devices
 
 
