@@ -157,3 +157,19 @@ def test_lease_inside_a_script_keeps_its_own_interpreter(broker: Broker, tmp_pat
     code = "import vaccel\nwith vaccel.lease() as held:\n    print('held', held.id)\n"
     r = subprocess.run([HAS_TORCH, "-c", code], env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.startswith("held l-"), r.stderr
+
+
+def test_a_reservation_from_a_lab_cli_is_checked_against_the_python3_its_jobs_will_run(
+        broker: Broker, tmp_path: Path, venvs: tuple[Path, Path]):
+    """`vaccel reserve` has no command: its jobs' Python is the first python3 on PATH (this
+    venv's, which has torch), as for `vaccel check`, not the lab CLI's own (without)."""
+    import json
+
+    _, lab = venvs
+    cwd = _spec_dir(tmp_path)
+    r = _cli(lab, broker, cwd, "reserve", "--json", "--time", "10m")
+    assert r.returncode == 0, r.stderr
+    python3 = os.path.join(os.path.dirname(HAS_TORCH), "python3")
+    assert f"vaccel: contract checked against {python3} (torch " in r.stderr, r.stderr
+    lease_id = json.loads(r.stdout)["lease_id"]
+    assert _cli(lab, broker, cwd, "release", lease_id).returncode == 0
