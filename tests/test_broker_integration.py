@@ -32,7 +32,9 @@ def leased(broker: Broker) -> list[str]:
     return [d["uuid"] for d in status(broker)["devices"] if d["state"] == "leased"]
 
 
-def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05):
+def wait_for(predicate, timeout: float = 60.0, interval: float = 0.05):
+    """Until `predicate` holds; the timeout only turns a hang into a failure (a CLI call
+    takes seconds on a loaded machine)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
@@ -60,7 +62,7 @@ def test_run_sets_the_lease_environment_and_returns_the_exit_status(broker: Brok
 
 
 def test_status_json_shape(broker: Broker):
-    holder = subprocess.Popen([broker.python, "-m", "vaccel.cli", "run", "--", "sleep", "30"], env=broker.env,
+    holder = subprocess.Popen([broker.python, "-m", "vaccel.cli", "run", "--", "sleep", "3600"], env=broker.env,
                               stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: leased(broker))
@@ -99,16 +101,16 @@ def test_queue_waits_in_fifo_order_and_shows_position(broker: Broker):
 
 
 def test_no_wait_and_wait_timeout_and_unsatisfiable(broker: Broker):
-    holder = subprocess.Popen([broker.python, "-m", "vaccel.cli", "run", "--gpus", "4", "--", "sleep", "30"],
+    holder = subprocess.Popen([broker.python, "-m", "vaccel.cli", "run", "--gpus", "4", "--", "sleep", "3600"],
                               env=broker.env, stderr=subprocess.PIPE)
     try:
         wait_for(lambda: len(leased(broker)) == 4)
         r = broker.vaccel("run", "--no-wait", "--", "true")
         assert r.returncode == 75 and "no free device" in r.stderr
-        started = time.monotonic()
         r = broker.vaccel("run", "--wait", "1s", "--", "true")
         assert r.returncode == 75 and "gave up" in r.stderr
-        assert time.monotonic() - started < 10
+        # It gave up by itself: the devices it waited for are still held (no clock needed).
+        assert holder.poll() is None and len(leased(broker)) == 4
         assert status(broker)["queue"] == [], "a request that gave up leaves the queue"
         r = broker.vaccel("run", "--gpus", "5", "--", "true")
         assert r.returncode == 1 and "only 4" in r.stderr
@@ -120,7 +122,11 @@ def test_no_wait_and_wait_timeout_and_unsatisfiable(broker: Broker):
         holder.wait(10)
 
 
-def test_sigkill_of_vaccel_run_kills_the_command_and_frees_the_device(broker: Broker, tmp_path: Path):
+def test_sigkill_of_vaccel_run_kills_the_command_and_frees_the_device(start_broker, tmp_path: Path):
+    # A heartbeat TTL far past the wait: the device freed at all was freed by noticing the
+    # holder's death, not by its missed heartbeats (the verdict needs no clock; the figure
+    # is printed).
+    broker = start_broker(config='[leases]\nheartbeat_ttl = "1h"\n[probe]\nrefresh_interval = "1s"\n')
     pidfile = tmp_path / "child.pid"
     run = subprocess.Popen([broker.python, "-m", "vaccel.cli", "run", "--", "sh", "-c",
                             f"echo $$ > {pidfile}; exec sleep 60"], env=broker.env, stderr=subprocess.PIPE)
@@ -139,12 +145,11 @@ def test_sigkill_of_vaccel_run_kills_the_command_and_frees_the_device(broker: Br
     run.send_signal(signal.SIGKILL)
     run.wait()
     killed_at = time.monotonic()
-    wait_for(lambda: not any_leased(), timeout=5, interval=0.01)
+    wait_for(lambda: not any_leased(), interval=0.01)
     freed_after = time.monotonic() - killed_at
     conn.close()
-    assert freed_after < 1.0, f"device freed {freed_after:.2f}s after the holder died"
-    wait_for(lambda: not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2],
-             timeout=5)
+    print(f"\ndevice freed {freed_after:.2f}s after the holder died (heartbeat TTL 1h)")
+    wait_for(lambda: not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2])
 
 
 def test_signals_are_forwarded_to_the_command(broker: Broker, tmp_path: Path):
@@ -256,7 +261,7 @@ def test_missed_heartbeats_expire_the_lease(broker: Broker):
     lease_id = p.stdout.readline().strip()
     os.kill(p.pid, signal.SIGSTOP)  # a hung process: no heartbeats, but alive
     try:
-        wait_for(lambda: not leased(broker), timeout=15)
+        wait_for(lambda: not leased(broker))
         leases = json.loads(broker.vaccel("leases", "--ended", "--json").stdout)["leases"]
         ended = next(lease for lease in leases if lease["id"] == lease_id)
         assert ended["state"] == "expired" and "heartbeat" in ended["end_reason"]
@@ -268,7 +273,7 @@ def test_missed_heartbeats_expire_the_lease(broker: Broker):
 
 
 def test_ctrl_c_while_queued_leaves_the_queue(broker: Broker):
-    holder = subprocess.Popen([broker.python, "-m", "vaccel.cli", "run", "--gpus", "4", "--", "sleep", "30"],
+    holder = subprocess.Popen([broker.python, "-m", "vaccel.cli", "run", "--gpus", "4", "--", "sleep", "3600"],
                               env=broker.env, stderr=subprocess.PIPE)
     try:
         wait_for(lambda: len(leased(broker)) == 4)
@@ -277,13 +282,13 @@ def test_ctrl_c_while_queued_leaves_the_queue(broker: Broker):
         wait_for(lambda: status(broker)["queue"])
         waiter.send_signal(signal.SIGINT)
         assert waiter.wait(10) == 130
-        wait_for(lambda: status(broker)["queue"] == [], timeout=5)
+        wait_for(lambda: status(broker)["queue"] == [])
         waiter = subprocess.Popen([broker.python, "-m", "vaccel.cli", "run", "--", "true"], env=broker.env,
                                   stderr=subprocess.PIPE, text=True)
         wait_for(lambda: status(broker)["queue"])
         waiter.kill()
         waiter.wait()
-        wait_for(lambda: status(broker)["queue"] == [], timeout=5)
+        wait_for(lambda: status(broker)["queue"] == [])
     finally:
         holder.terminate()
         holder.wait(10)
@@ -355,7 +360,7 @@ def test_forged_or_missing_token_is_unauthenticated(broker: Broker):
     stub = broker_pb2_grpc.BrokerStub(channel)
     for metadata in ((), (("vaccel-token", "e30.AAAA"),), (("vaccel-token", "garbage"),)):
         with pytest.raises(grpc.RpcError) as info:
-            stub.Status(pb.StatusRequest(), metadata=metadata, timeout=5)
+            stub.Status(pb.StatusRequest(), metadata=metadata, timeout=60)
         assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
     # A token claiming uid 0 but signed with another key is refused too.
     from brokerd.base.process import Identity
@@ -363,7 +368,7 @@ def test_forged_or_missing_token_is_unauthenticated(broker: Broker):
 
     forged, _ = TokenAuthority(b"k" * 32, 60).mint(Identity(0, 0, os.getpid(), 1))
     with pytest.raises(grpc.RpcError) as info:
-        stub.Status(pb.StatusRequest(), metadata=(("vaccel-token", forged),), timeout=5)
+        stub.Status(pb.StatusRequest(), metadata=(("vaccel-token", forged),), timeout=60)
     assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
     channel.close()
 
@@ -388,7 +393,7 @@ def drained_by_me(reason: str) -> str:
 
 
 def test_admin_drain_keeps_a_device_out_of_the_pool(broker: Broker):
-    holder = subprocess.Popen([broker.python, "-m", "vaccel.cli", "run", "--", "sleep", "30"], env=broker.env,
+    holder = subprocess.Popen([broker.python, "-m", "vaccel.cli", "run", "--", "sleep", "3600"], env=broker.env,
                               stderr=subprocess.PIPE)
     try:
         held = wait_for(lambda: leased(broker))[0]

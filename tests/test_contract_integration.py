@@ -68,19 +68,21 @@ def test_bad_file_exits_2_naming_file_line_and_key(mixed, tmp_path: Path) -> Non
 
 def test_unsatisfiable_fails_fast_but_busy_waits(mixed, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     sm90 = write(tmp_path / "sm90.yaml", "required_features: [{gpu_compute_capability: sm_90}]\n")
-    started = time.monotonic()
+    # Nothing here could ever satisfy it: had it been queued it would wait until the call's
+    # timeout, so an answer at all is the refusal at once (no clock: a loaded machine's CLI
+    # start is seconds).
     r = mixed.vaccel("run", "--contract", str(sm90), "--", "true")
     assert r.returncode == 1 and "no device on this host meets the contract" in r.stderr
-    assert time.monotonic() - started < 30
     sm80 = write(tmp_path / "sm80.yaml", "required_features: [{gpu_compute_capability: sm_80}]\n")
     holder = subprocess.Popen([sys.executable, "-m", "vaccel.cli", "run", "--contract", str(sm80),
-                               "--", "sleep", "30"], env=mixed.env, stderr=subprocess.PIPE)
+                               "--", "sleep", "3600"], env=mixed.env, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
+        deadline = time.monotonic() + 120  # only turns a hang into a failure
+        while True:
             status = mixed.vaccel("status", "--json")
             if '"GPU-a100"' in status.stdout and '"leased"' in status.stdout:
                 break
+            assert time.monotonic() < deadline, "the holder never got its device"
             time.sleep(0.1)
         r = mixed.vaccel("run", "--contract", str(sm80), "--wait", "1s", "--", "true")
         assert r.returncode == 75 and "gave up" in r.stderr, r.stderr

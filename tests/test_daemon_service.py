@@ -121,15 +121,18 @@ def test_a_burst_of_grants_sends_systemd_a_few_status_lines_and_the_last_state(n
               "        s.acquire(LeaseRequest(gpus=1)); s.release()\n")
     began = time.monotonic()
     burst = subprocess.Popen([broker.python, "-c", cycles], env=broker.env, stderr=subprocess.PIPE, text=True)
-    while burst.poll() is None and time.monotonic() - began < 60:  # read as systemd does, as they come
+    # The 300 s only turn a hang into a failure (a loaded machine's burst takes seconds).
+    while burst.poll() is None and time.monotonic() - began < 300:  # read as systemd does, as they come
         with contextlib.suppress(AssertionError):
             listener.read("no such message", timeout=0.05)
     took = time.monotonic() - began
-    assert burst.poll() == 0, f"the burst did not finish within 60 s: {burst.communicate(timeout=5)[1][-500:]}"
-    with contextlib.suppress(AssertionError):  # the line due after the burst
-        listener.read("no such message", timeout=1.5)
+    assert burst.poll() == 0, f"the burst did not finish: {burst.communicate(timeout=60)[1][-500:]}"
+    final = "STATUS=0/4 GPUs leased, 0 waiting, 0 unhealthy"
     every = [m for _, m in listener.messages if m.startswith("STATUS=")]
-    assert every[-1] == "STATUS=0/4 GPUs leased, 0 waiting, 0 unhealthy", every[-3:]
+    if every[-1] != final:  # the line due after the burst: waited for, not for 1.5 s
+        listener.read(final, timeout=60)
+    every = [m for _, m in listener.messages if m.startswith("STATUS=")]
+    assert every[-1] == final, every[-3:]
     lines = [m for at, m in listener.messages if at >= began and m.startswith("STATUS=")]
     assert len(lines) <= took / 0.5 + 3, f"{len(lines)} status lines for 120 changes in {took:.1f}s"
     broker.proc.send_signal(signal.SIGTERM)

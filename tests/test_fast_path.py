@@ -78,7 +78,7 @@ def test_the_client_waits_on_the_stream_only_when_it_must(broker: Broker, connec
     try:
         from tests.test_broker_integration import wait_for
 
-        wait_for(lambda: status(broker)["queue"], timeout=30)  # on the stream, in the queue
+        wait_for(lambda: status(broker)["queue"], timeout=60)  # on the stream, in the queue
         _release(connection, held.id)
         thread.join(30)
         assert got and len(got[0].devices) == 1

@@ -64,14 +64,12 @@ def test_a_run_inside_asking_for_part_of_the_lease_gets_that_part_by_index(broke
 def test_a_run_inside_asking_for_more_than_the_lease_is_refused_at_once(broker: Broker, asked: list[str],
                                                                           said: str):
     held = reserve(broker, "--device", "gpu0", "--device", "gpu1", "--time", "10m")
-    started = time.monotonic()
     r = in_shell(broker, held["lease_id"], f"{VACCEL} run {' '.join(asked)} -- true")
     assert r.returncode == 1, r.stderr
     assert f"this runs inside lease {held['lease_id']} (VACCEL_LEASE_ID), which holds gpu0, gpu1: {said}" in r.stderr
     assert "env -u VACCEL_LEASE_ID vaccel run" in r.stderr  # the way to ask outside it
     assert r.stderr.count("\n") == 1, r.stderr  # one line
-    assert not status(broker)["queue"], "nothing was queued"
-    assert time.monotonic() - started < 30  # said at once, not after a wait in the queue
+    assert not status(broker)["queue"], "nothing was queued"  # said at once, not after a wait in the queue
 
 
 def test_a_run_in_a_shell_whose_lease_has_ended_says_so_and_the_way_out(broker: Broker):

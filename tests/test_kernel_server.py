@@ -144,6 +144,11 @@ def test_a_refused_start_answers_with_the_brokers_reason(broker: Broker, server_
         assert message.startswith("no device for this kernel: no free device")
         assert "gpu0 root since" in message  # who holds what, as the broker says it
         assert server.api("GET", "/api/kernels").body == []
+        # The server's log says it in one line, as an answer refused, not as a crash.
+        log = server.log.read_text()
+        assert "Traceback" not in log, log
+        assert sum("vaccel kernel start refused: no device for this kernel: no free device" in line
+                   for line in log.splitlines()) == 1, log
     finally:
         everything.kill()
         everything.wait()

@@ -101,7 +101,9 @@ def status(broker: Broker) -> dict:
     return json.loads(r.stdout)
 
 
-def wait_for(predicate, timeout: float = 15.0):
+def wait_for(predicate, timeout: float = 60.0):
+    """Until `predicate` holds; the timeout only turns a hang into a failure (each status
+    is a CLI start, seconds on a loaded machine)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -72,13 +71,11 @@ def test_the_contract_files_read_are_said_in_one_line(broker: Broker, tmp_path: 
 
 def test_a_refusal_names_the_contract_file_it_came_from(broker: Broker, tmp_path: Path):
     (tmp_path / "runtime-spec.yaml").write_text("required_features:\n  - gpu_compute_capability: sm_90\n")
-    started = time.monotonic()
-    r = broker.vaccel("run", "--", "true", cwd=tmp_path)
+    r = broker.vaccel("run", "--", "true", cwd=tmp_path)  # queued, it would never be answered: no sm_90 here
     assert r.returncode == 1
     assert r.stderr.startswith("vaccel: contract files read: runtime-spec.yaml (found in the working directory)\n")
     refusal = r.stderr.splitlines()[-1]
     assert "required sm_90" in refusal and refusal.endswith("(contract: runtime-spec.yaml)"), refusal
-    assert time.monotonic() - started < 30
     r = broker.vaccel("reserve", "--contract", "runtime-spec.yaml", cwd=tmp_path)
     assert r.returncode == 1 and r.stderr.splitlines()[-1].endswith("(contract: runtime-spec.yaml)"), r.stderr
 
@@ -88,5 +85,6 @@ def test_the_example_contract_is_satisfiable_by_the_projects_own_set_up(broker: 
     r = broker.vaccel("check", str(ROOT / "examples" / "runtime-spec.yaml"))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Result: satisfiable" in r.stdout
-    assert r.stderr.startswith("vaccel: contract files read: ") and r.stderr.endswith(
-        "examples/runtime-spec.yaml (as named)\n"), r.stderr
+    assert r.stderr.startswith("vaccel: contract files read: ") and r.stderr.splitlines()[0].endswith(
+        "examples/runtime-spec.yaml (as named)"), r.stderr
+    assert r.stderr.splitlines()[1].startswith("vaccel: contract checked against "), r.stderr

@@ -28,7 +28,10 @@ class Broker:
         self.python = python
         self.log = workdir / "brokerd.log"
         self.proc: subprocess.Popen[bytes] | None = None
-        self.env = {**os.environ, "VACCEL_SOCKET": str(self.socket), "PYTHONUNBUFFERED": "1"}
+        # The client's venv first on PATH, as an activated one: `vaccel run -- python3 ...` (and a
+        # command that names no Python) is checked against the Python it runs (vaccel/contract/job_python.py).
+        self.env = {**os.environ, "VACCEL_SOCKET": str(self.socket), "PYTHONUNBUFFERED": "1",
+                    "PATH": os.pathsep.join([os.path.dirname(python), os.environ.get("PATH", os.defpath)])}
         self.env.pop("VACCEL_LEASE_ID", None)
 
     def command(self) -> list[str]:
@@ -38,7 +41,7 @@ class Broker:
             cmd += ["--inventory", str(self.inventory)]
         return cmd
 
-    def start(self, timeout: float = 20.0) -> Broker:
+    def start(self, timeout: float = 60.0) -> Broker:  # the timeout only turns a hang into a failure
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(self.command(), env=self.env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout

@@ -189,58 +189,65 @@ def _flatten(doc: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def _validate(config: Config) -> Config:
-    where = config.source
+def _validate(config: Config, lines: dict[str, str] | None = None) -> Config:
+    """Refuse what no daemon can run with; each message starts with the file and the line
+    of the key to fix (`lines`: TOML key -> "path:line", as load_config found them)."""
+    def at(key: str) -> str:
+        return (lines or {}).get(key, config.source)
     if config.heartbeat_ttl_s < 1:
-        raise ConfigError(f"{where}: leases.heartbeat_ttl must be at least 1s")
+        raise ConfigError(f"{at('leases.heartbeat_ttl')}: leases.heartbeat_ttl must be at least 1s")
     if config.accounting_keep_s < 86400:
-        raise ConfigError(f"{where}: accounting.keep must be at least 1d")
+        raise ConfigError(f"{at('accounting.keep')}: accounting.keep must be at least 1d")
     if config.accounting_max_rows < 1000:
-        raise ConfigError(f"{where}: accounting.max_rows must be at least 1000")
+        raise ConfigError(f"{at('accounting.max_rows')}: accounting.max_rows must be at least 1000")
     if config.accounting_per_user_report not in ("admins", "everyone"):
-        raise ConfigError(f"{where}: accounting.per_user_report must be 'admins' or 'everyone'")
+        raise ConfigError(f"{at('accounting.per_user_report')}: accounting.per_user_report must be 'admins' "
+                          "or 'everyone'")
     if config.metrics_job_mapping_dir is not None and not config.metrics_job_mapping_dir.is_absolute():
-        raise ConfigError(f"{where}: metrics.hpc_job_mapping_dir must be an absolute path")
+        raise ConfigError(f"{at('metrics.hpc_job_mapping_dir')}: metrics.hpc_job_mapping_dir must be an absolute path")
     if config.token_ttl_s < 60:
-        raise ConfigError(f"{where}: leases.token_ttl must be at least 60s")
+        raise ConfigError(f"{at('leases.token_ttl')}: leases.token_ttl must be at least 60s")
     if config.probe_interval_s < 0.5:
-        raise ConfigError(f"{where}: probe.refresh_interval must be at least 0.5s")
+        raise ConfigError(f"{at('probe.refresh_interval')}: probe.refresh_interval must be at least 0.5s")
     if config.unleased_processes not in ("report", "signal"):
-        raise ConfigError(f"{where}: probe.unleased_processes must be 'report' or 'signal'")
+        raise ConfigError(f"{at('probe.unleased_processes')}: probe.unleased_processes must be 'report' or 'signal'")
     if not 0 <= config.socket_mode <= 0o777:
-        raise ConfigError(f"{where}: server.socket_mode must be an octal mode like \"0666\"")
+        raise ConfigError(f"{at('server.socket_mode')}: server.socket_mode must be an octal mode like \"0666\"")
     if config.socket_group:
         try:
             grp.getgrnam(config.socket_group)
         except KeyError:
-            raise ConfigError(f"{where}: server.socket_group {config.socket_group!r} does not exist") from None
+            raise ConfigError(f"{at('server.socket_group')}: server.socket_group {config.socket_group!r} "
+                              "does not exist") from None
     if config.durability not in ("crash", "power"):
-        raise ConfigError(f"{where}: server.durability must be 'crash' (survives the daemon's crash, the "
-                          "default) or 'power' (every commit fsync'd: survives a power loss)")
+        raise ConfigError(f"{at('server.durability')}: server.durability must be 'crash' (survives the "
+                          "daemon's crash, the default) or 'power' (every commit fsync'd: survives a power loss)")
     if config.log_level not in ("debug", "info", "warning", "error"):
-        raise ConfigError(f"{where}: server.log_level must be debug, info, warning or error")
+        raise ConfigError(f"{at('server.log_level')}: server.log_level must be debug, info, warning or error")
     if config.enforce_mode not in ("off", "acl"):
-        raise ConfigError(f"{where}: enforce.mode must be 'off' or 'acl'")
+        raise ConfigError(f"{at('enforce.mode')}: enforce.mode must be 'off' or 'acl'")
     if config.enforce_mode == "acl" and importlib.util.find_spec("posix1e") is None:
-        raise ConfigError(f"{where}: enforce.mode = \"acl\" needs the pylibacl package: "
+        raise ConfigError(f"{at('enforce.mode')}: enforce.mode = \"acl\" needs the pylibacl package: "
                           "pip install 'vaccel[enforce]' (it builds against libacl1-dev)")
     if config.slurm_mode not in ("off", "delegate", "submit"):
-        raise ConfigError(f"{where}: slurm.mode must be 'off', 'delegate' or 'submit', not {config.slurm_mode!r}")
+        raise ConfigError(f"{at('slurm.mode')}: slurm.mode must be 'off', 'delegate' or 'submit', "
+                          f"not {config.slurm_mode!r}")
     missing = [p for p in ("salloc", "scancel", "scontrol")
                if config.slurm_mode == "delegate" and shutil.which(p) is None]
     if missing:
-        raise ConfigError(f"{where}: slurm.mode = \"delegate\" needs Slurm's client programs on PATH; "
+        raise ConfigError(f"{at('slurm.mode')}: slurm.mode = \"delegate\" needs Slurm's client programs on PATH; "
                           f"missing: {', '.join(missing)}")
     if not 0 <= config.containers_stop_grace_s <= 3600:
-        raise ConfigError(f"{where}: containers.stop_grace must be from 0s to 1h")
+        raise ConfigError(f"{at('containers.stop_grace')}: containers.stop_grace must be from 0s to 1h")
     if not config.slurm_gres or any(c in config.slurm_gres for c in ":,= "):
-        raise ConfigError(f"{where}: slurm.gres must be a GRES name as gres.conf gives it, e.g. \"gpu\"")
+        raise ConfigError(f"{at('slurm.gres')}: slurm.gres must be a GRES name as gres.conf gives it, e.g. \"gpu\"")
     return config
 
 
 def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> Config:
     """Read `path` (missing default file = defaults), then apply non-None overrides."""
     config = Config()
+    lines: dict[str, str] = {}  # TOML key -> "path:line", for the errors of _validate
     if path is not None and (path != DEFAULT_CONFIG_PATH or path.exists()):
         try:
             text = path.read_text()
@@ -259,6 +266,7 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> C
             table, _, leaf = key.rpartition(".")
             line = line_of(text, table, leaf)
             where = f"{path}:{line}" if line else str(path)  # the line to fix, as policy and contract errors say
+            lines[key] = where
             if key not in _KEYS:
                 close = difflib.get_close_matches(key, list(_KEYS), n=1, cutoff=0.6)
                 hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(sorted(_KEYS))}"
@@ -271,4 +279,4 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> C
         config = replace(config, **values)
     known_fields = {f.name for f in fields(Config)}
     extra = {k: v for k, v in (overrides or {}).items() if v is not None and k in known_fields}
-    return _validate(replace(config, **extra))
+    return _validate(replace(config, **extra), lines)

@@ -290,7 +290,8 @@ def host_checks(spec: RuntimeSpec, config: AcceleratorConfig,
             lines.append(CheckLine("WARN", "Client environment", "the client sent no facts "
                                    "about its environment; dependency checks skipped"))
     else:
-        lines.append(CheckLine("OK", "Python", facts.python_version))
+        where = f" ({facts.python_executable})" if facts.python_executable else ""
+        lines.append(CheckLine("OK", "Python", facts.python_version + where))
         # One index for all dependencies: matching each against every installed package
         # was quadratic, seconds of CPU for a legal spec a client can send.
         installed: dict[str, str] = {}
@@ -315,7 +316,13 @@ def _dependency_line(dep: Dependency, facts: ClientFacts, packages: dict[str, st
     installed = facts.torch_version if is_torch else packages.get(_normalise(dep.name), "")
     pip_name = "torch" if is_torch else dep.name
     pin = f"'{pip_name}{dep.version_range.specifier}'" if dep.version_range else pip_name
+    pip = f"{facts.python_executable} -m pip" if facts.python_executable else "pip"
     if not installed:
+        # Which Python was looked at: the job's (vaccel run asks it), which a student can
+        # install into, not the lab's vaccel install, which they cannot.
+        if facts.python_executable:
+            return CheckLine("ERROR", label, f"not installed in {facts.python_executable}",
+                             suggestion=f"{pip} install {pin}, or run the job with a Python that has it")
         return CheckLine("ERROR", label, "not installed in the client's environment",
                          suggestion=f"pip install {pin}")
     if dep.version_range is None:
@@ -324,7 +331,7 @@ def _dependency_line(dep: Dependency, facts: ClientFacts, packages: dict[str, st
         return CheckLine("OK", label, f"{installed} (matches {dep.version_range})")
     return CheckLine("ERROR", label, f"{installed} does not match {dep.version_range} "
                      "(lower bound inclusive, upper exclusive)",
-                     suggestion=f"pip install {pin}, or widen version_range")
+                     suggestion=f"{pip} install {pin}, or widen version_range")
 
 
 # --- verdict -----------------------------------------------------------------------------

@@ -22,6 +22,7 @@ def facts_from_proto(msg: broker_pb2.ClientFacts | None) -> ClientFacts:
         distributed_available=msg.distributed_available,
         distributed_backends=tuple(msg.distributed_backends),
         packages=dict(msg.packages),
+        python_executable=msg.python_executable[:1024],  # only ever shown back to its sender
     )
 
 

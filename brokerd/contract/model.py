@@ -23,6 +23,7 @@ class ClientFacts:
     distributed_available: bool = False
     distributed_backends: tuple[str, ...] = ()
     packages: Mapping[str, str] = field(default_factory=dict)
+    python_executable: str = ""  # the interpreter the facts describe (the job's), named in the lines
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,12 @@ _KEY_FILE = "token.key"
 _MAX_TOKEN_LEN = 1024
 
 
+# What a raw client (docs/api.md) is told to do about a missing, expired or foreign token.
+MINT = ("To mint a token: from the calling process, connect a stream Unix socket to this socket's path "
+        "plus '.id' (e.g. /run/vaccel/brokerd.sock.id), read its one JSON line and send its \"token\" "
+        "(docs/api.md, 'The identity token'; vaccel's client library does this for you)")
+
+
 class TokenError(Exception):
     """The token is missing, forged, expired or malformed."""
 
@@ -98,30 +104,32 @@ class TokenAuthority:
     def verify(self, token: str | None, now: float | None = None) -> Identity:
         now = time.time() if now is None else now
         if not token:
-            raise TokenError("no identity token: connect through the vaccel client library")
+            raise TokenError(f"no identity token: send metadata 'vaccel-token: TOKEN' with every call. {MINT}")
         cached = self._cache.get(token)
         if cached is not None:
             identity, expires = cached
         else:
             if len(token) > _MAX_TOKEN_LEN or token.count(".") != 1:
-                raise TokenError("malformed identity token")
+                raise TokenError(f"malformed identity token. {MINT}")
             body, signature = token.split(".")
             if not hmac.compare_digest(signature, self._sign(body)):
-                raise TokenError("identity token not signed by this broker")
+                raise TokenError(f"identity token not signed by this broker (another host's, or forged). {MINT}")
             try:
                 uid, gid, pid, start, expires = json.loads(_unb64(body))
                 identity = Identity(int(uid), int(gid), int(pid), int(start))
                 expires = float(expires)
             except (ValueError, TypeError) as exc:
-                raise TokenError("malformed identity token") from exc
+                raise TokenError(f"malformed identity token. {MINT}") from exc
             if len(self._cache) > 4096:
                 self._cache.clear()
             self._cache[token] = (identity, expires)
         if expires < now:
-            raise TokenError("identity token expired; the client renews it by reconnecting")
+            raise TokenError(f"identity token expired (its line's \"expires\"; leases.token_ttl): mint a new one "
+                             f"and call again. {MINT}")
         alive = self.alive(identity.process)
         if not alive and (alive is False or self._started_at(identity.pid) != identity.start_time):
-            raise TokenError("identity token of a process that has exited; each process gets its own")
+            raise TokenError("identity token of a process that has exited: a token is bound to the process that "
+                             f"minted it, so each process mints its own. {MINT}")
         return identity
 
 

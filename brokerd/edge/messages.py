@@ -127,7 +127,8 @@ def report_pb(report: Report) -> pb.ReportReply:
             reservation=r.lease.reservation, state=r.lease.state)
         return pb.ReportRow(key=r.key, device_hours=r.device_hours, leases=r.leases, wait_p50_s=r.wait_p50_s,
                             wait_p90_s=r.wait_p90_s, wait_max_s=r.wait_max_s,
-                            idle_device_hours=r.idle_device_hours, end_reasons=r.end_reasons, lease=used)
+                            idle_device_hours=r.idle_device_hours, end_reasons=r.end_reasons, lease=used,
+                            idle_measured=r.idle_measured)
 
     return pb.ReportReply(since=report.since, until=report.until, by=report.by, rows=[row(r) for r in report.rows],
                           total=row(report.total), rows_hidden=report.rows_hidden)

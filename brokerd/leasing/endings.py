@@ -11,6 +11,7 @@ idle reclaim), in the state that announcement named.
 from __future__ import annotations
 
 import math
+import re
 
 from brokerd.base.process import ProcessId
 from brokerd.leasing.model import EXPIRED, HOLDER_EXITED, OVER_BUDGET, REVOKED, TIME_LIMIT, Lease
@@ -39,10 +40,22 @@ def due(lease: Lease, now: float, ttl_s: float, max_duration_s: float) -> tuple[
     return None
 
 
+# The future-tense tail of an early end's notice, as brokerd/core/governing.py and budgets.py
+# write it: " (ends at 17:33:54)", " at 17:36:11 unless it computes", " at 17:36:11 (10s from
+# now) unless it is back within its share".
+_WILL_END = re.compile(r"(?: \(ends at [0-9:]+\)| at [0-9:]+(?: \([^()]* from now\))?(?: unless .*)?)$")
+
+
+def past(notice: str) -> str:
+    """An early end's notice as the ended lease's reason: what happened, not what will
+    unless ("revoked by root: maintenance", "idle for 12m while others wait: reclaimed")."""
+    return _WILL_END.sub("", notice)
+
+
 def at_its_end(lease: Lease, max_duration_s: float) -> tuple[str, str]:
     """The state and reason of a lease that reached its expires_at."""
     if lease.notice:
-        return lease.ending_state or REVOKED, lease.notice
+        return lease.ending_state or REVOKED, past(lease.notice)
     if lease.time_limit_s:
         return TIME_LIMIT, f"reached its time limit of {format_duration(lease.time_limit_s)}"
     return EXPIRED, f"reached the maximum lease duration of {format_duration(max_duration_s)}"

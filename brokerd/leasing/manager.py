@@ -287,7 +287,7 @@ class LeaseManager:
         someone else does (permissions let only an admin get this far)."""
         lease = self.active(lease_id)
         if lease.ending_state == REVOKED:  # told it was revoked, it gave up early: still a revoke
-            return self._end(lease, REVOKED, lease.notice)
+            return self._end(lease, REVOKED, endings.past(lease.notice))
         if by_uid == lease.holder.uid:
             return self._end(lease, RELEASED, reason or "released by its holder")
         return self._end(lease, REVOKED, reason or f"revoked by admin uid {by_uid}")

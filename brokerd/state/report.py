@@ -70,11 +70,14 @@ class DaySummary:
     wait_max: float = 0.0
     ends: dict[str, int] = field(default_factory=dict)
     waits: dict[int, int] = field(default_factory=dict)  # wait_bucket -> leases
+    measured: int = 0  # pieces whose idleness a probe measured (0: the idle figure is unknown, not 0)
 
     def add(self, row: UsageRow, start: float, end: float) -> None:
         """Count a lease's part [start, end) of the day (as _Tally.add does)."""
         span, full = end - start, row.ended_at - row.granted_at
         self.device_s += row.device_weight * span
+        if row.idle_device_s is not None:
+            self.measured += 1
         if row.idle_device_s is not None and full > 0:
             self.idle_s += row.idle_device_s * (span / full) * row.device_weight / len(row.devices)
         self.leases += 1
@@ -86,6 +89,7 @@ class DaySummary:
     def merge(self, other: DaySummary) -> None:
         self.device_s += other.device_s
         self.idle_s += other.idle_s
+        self.measured += other.measured
         self.leases += other.leases
         self.wait_max = max(self.wait_max, other.wait_max)
         for state, n in other.ends.items():
@@ -120,6 +124,7 @@ class ReportRow:
     wait_max_s: float = 0.0
     idle_device_hours: float = 0.0
     end_reasons: dict[str, int] = field(default_factory=dict)
+    idle_measured: bool = False  # a probe measured the idleness of one of its leases (else the 0 is unknown)
     lease: UsageRow | None = None  # by lease: the lease the row is
 
 
@@ -164,6 +169,7 @@ class _Tally:
     def __init__(self) -> None:
         self.seconds = 0.0
         self.idle_seconds = 0.0
+        self.idle_measured = False
         self.waits: dict[str, float] = {}
         self.ends: dict[str, str] = {}
         self.summed: DaySummary | None = None  # whole days' leases, summed (DaySummary)
@@ -174,6 +180,7 @@ class _Tally:
         self.summed.merge(day)
         self.seconds += day.device_s
         self.idle_seconds += day.idle_s
+        self.idle_measured = self.idle_measured or day.measured > 0
 
     def _percentile(self, waits: list[float], q: int) -> float:
         """Nearest rank over the exact waits and the summed ones' buckets together."""
@@ -191,6 +198,7 @@ class _Tally:
         span = end - start
         self.seconds += devices * span
         if row.idle_device_s is not None:
+            self.idle_measured = True
             full = row.ended_at - row.granted_at
             # Idle time is kept per lease, not per moment: a clipped share is pro rata.
             share = span / full if full > 0 else 0.0
@@ -207,7 +215,8 @@ class _Tally:
         return ReportRow(key=key, device_hours=self.seconds / 3600, leases=len(waits) + summed.leases,
                          wait_p50_s=self._percentile(waits, 50), wait_p90_s=self._percentile(waits, 90),
                          wait_max_s=max(max(waits, default=0.0), summed.wait_max),
-                         idle_device_hours=self.idle_seconds / 3600, end_reasons=dict(sorted(reasons.items())))
+                         idle_device_hours=self.idle_seconds / 3600, end_reasons=dict(sorted(reasons.items())),
+                         idle_measured=self.idle_measured)
 
 
 def clip(row: UsageRow, since: float, until: float) -> tuple[float, float] | None:
@@ -324,7 +333,7 @@ def row_json(row: ReportRow) -> dict[str, Any]:
     return {"key": row.key, "device_hours": round(row.device_hours, 6), "leases": row.leases,
             "wait_p50_s": round(row.wait_p50_s, 3), "wait_p90_s": round(row.wait_p90_s, 3),
             "wait_max_s": round(row.wait_max_s, 3), "idle_device_hours": round(row.idle_device_hours, 6),
-            "end_reasons": dict(row.end_reasons)}
+            "idle_measured": row.idle_measured, "end_reasons": dict(row.end_reasons)}
 
 
 def report_json(report: Report) -> dict[str, Any]:

@@ -35,21 +35,21 @@ CREATE TABLE IF NOT EXISTS usage_day (
     month REAL,  -- the local month the leases began and ended in, NULL when they span two
     uid INTEGER NOT NULL, user TEXT NOT NULL, gid INTEGER NOT NULL,
     device_s REAL NOT NULL, idle_s REAL NOT NULL, leases INTEGER NOT NULL, wait_max REAL NOT NULL,
-    ends TEXT NOT NULL, waits TEXT NOT NULL,
+    ends TEXT NOT NULL, waits TEXT NOT NULL, measured INTEGER NOT NULL,
     PRIMARY KEY (day, start_day, end_day, uid, user, gid)
 );
 CREATE INDEX IF NOT EXISTS usage_day_end ON usage_day(end_day);
 CREATE TABLE IF NOT EXISTS usage_month (
     month REAL NOT NULL, uid INTEGER NOT NULL, user TEXT NOT NULL, gid INTEGER NOT NULL,
     device_s REAL NOT NULL, idle_s REAL NOT NULL, leases INTEGER NOT NULL, wait_max REAL NOT NULL,
-    ends TEXT NOT NULL, waits TEXT NOT NULL,
+    ends TEXT NOT NULL, waits TEXT NOT NULL, measured INTEGER NOT NULL,
     PRIMARY KEY (month, uid, user, gid)
 );
 CREATE INDEX IF NOT EXISTS usage_granted ON usage(granted_at, lease_id)
 """
 _KEY = "day, start_day, end_day, month, uid, user, gid"
 _MONTH_KEY = "month, uid, user, gid"
-_FIGURES = "device_s, idle_s, leases, wait_max, ends, waits"
+_FIGURES = "device_s, idle_s, leases, wait_max, ends, waits, measured"
 
 
 def end_day(granted_at: float, ended_at: float) -> float:
@@ -105,7 +105,7 @@ class _Sums:
 
 def _load(r: tuple) -> DaySummary:
     return DaySummary(0.0, 0, "", 0, r[0], r[1], r[2], r[3], json.loads(r[4]),
-                      {int(b): n for b, n in json.loads(r[5]).items()})
+                      {int(b): n for b, n in json.loads(r[5]).items()}, r[6])
 
 
 def _save(conn: sqlite3.Connection, table: str, key: tuple, s: DaySummary, *, add: bool = False) -> None:
@@ -117,9 +117,9 @@ def _save(conn: sqlite3.Connection, table: str, key: tuple, s: DaySummary, *, ad
         if found is not None:
             s, new = _load(found), s
             s.merge(new)
-    conn.execute(f"INSERT OR REPLACE INTO {table} ({names}, {_FIGURES}) VALUES ({','.join('?' * (len(key) + 6))})",
+    conn.execute(f"INSERT OR REPLACE INTO {table} ({names}, {_FIGURES}) VALUES ({','.join('?' * (len(key) + 7))})",
                  (*key, s.device_s, s.idle_s, s.leases, s.wait_max, json.dumps(s.ends, sort_keys=True),
-                  json.dumps(s.waits, sort_keys=True)))
+                  json.dumps(s.waits, sort_keys=True), s.measured))
 
 
 def _save_all(conn: sqlite3.Connection, sums: _Sums, *, add: bool = False) -> None:
@@ -260,10 +260,11 @@ def _summed(conn: sqlite3.Connection, table: str, where: str, key: str, once: st
             found[k] = DaySummary(k[0], 0, "", 0) if per_day else DaySummary(0.0, *k)
         return found[k]
 
-    for *k, device_s, idle_s in conn.execute(
-            f"SELECT {key}, SUM(device_s), SUM(idle_s) FROM {table} WHERE {where} GROUP BY {key}", args):
+    for *k, device_s, idle_s, measured in conn.execute(
+            f"SELECT {key}, SUM(device_s), SUM(idle_s), SUM(measured) FROM {table} WHERE {where} GROUP BY {key}",
+            args):
         s = summary(tuple(k))
-        s.device_s, s.idle_s = s.device_s + device_s, s.idle_s + idle_s
+        s.device_s, s.idle_s, s.measured = s.device_s + device_s, s.idle_s + idle_s, s.measured + measured
     for *k, leases, wait_max in conn.execute(
             f"SELECT {key}, SUM(leases), MAX(wait_max) FROM {table} WHERE {where}{once} GROUP BY {key}", args):
         s = summary(tuple(k))

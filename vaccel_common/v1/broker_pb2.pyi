@@ -145,7 +145,7 @@ class Share(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., user: _Optional[str] = ..., uid: _Optional[int] = ..., memory_mib: _Optional[int] = ..., used_mib: _Optional[int] = ..., since: _Optional[float] = ...) -> None: ...
 
 class ClientFacts(_message.Message):
-    __slots__ = ("python_version", "torch_version", "torch_backend", "torch_runtime_version", "kernel_archs", "ptx_archs", "distributed_available", "distributed_backends", "packages")
+    __slots__ = ("python_version", "torch_version", "torch_backend", "torch_runtime_version", "kernel_archs", "ptx_archs", "distributed_available", "distributed_backends", "packages", "python_executable")
     class PackagesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -162,6 +162,7 @@ class ClientFacts(_message.Message):
     DISTRIBUTED_AVAILABLE_FIELD_NUMBER: _ClassVar[int]
     DISTRIBUTED_BACKENDS_FIELD_NUMBER: _ClassVar[int]
     PACKAGES_FIELD_NUMBER: _ClassVar[int]
+    PYTHON_EXECUTABLE_FIELD_NUMBER: _ClassVar[int]
     python_version: str
     torch_version: str
     torch_backend: str
@@ -171,7 +172,8 @@ class ClientFacts(_message.Message):
     distributed_available: bool
     distributed_backends: _containers.RepeatedScalarFieldContainer[str]
     packages: _containers.ScalarMap[str, str]
-    def __init__(self, python_version: _Optional[str] = ..., torch_version: _Optional[str] = ..., torch_backend: _Optional[str] = ..., torch_runtime_version: _Optional[str] = ..., kernel_archs: _Optional[_Iterable[str]] = ..., ptx_archs: _Optional[_Iterable[str]] = ..., distributed_available: _Optional[bool] = ..., distributed_backends: _Optional[_Iterable[str]] = ..., packages: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    python_executable: str
+    def __init__(self, python_version: _Optional[str] = ..., torch_version: _Optional[str] = ..., torch_backend: _Optional[str] = ..., torch_runtime_version: _Optional[str] = ..., kernel_archs: _Optional[_Iterable[str]] = ..., ptx_archs: _Optional[_Iterable[str]] = ..., distributed_available: _Optional[bool] = ..., distributed_backends: _Optional[_Iterable[str]] = ..., packages: _Optional[_Mapping[str, str]] = ..., python_executable: _Optional[str] = ...) -> None: ...
 
 class AcquireRequest(_message.Message):
     __slots__ = ("gpus", "min_memory_mib", "max_wait_seconds", "wait_forever", "runtime_spec_yaml", "runtime_spec_name", "accelerator_config_yaml", "accelerator_config_name", "client", "command", "request_key", "time_limit_s", "devices", "reservation", "memory_mib")
@@ -496,7 +498,7 @@ class ReportRequest(_message.Message):
     def __init__(self, since: _Optional[float] = ..., until: _Optional[float] = ..., by: _Optional[str] = ...) -> None: ...
 
 class ReportRow(_message.Message):
-    __slots__ = ("key", "device_hours", "leases", "wait_p50_s", "wait_p90_s", "wait_max_s", "idle_device_hours", "end_reasons", "lease")
+    __slots__ = ("key", "device_hours", "leases", "wait_p50_s", "wait_p90_s", "wait_max_s", "idle_device_hours", "end_reasons", "lease", "idle_measured")
     class EndReasonsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -513,6 +515,7 @@ class ReportRow(_message.Message):
     IDLE_DEVICE_HOURS_FIELD_NUMBER: _ClassVar[int]
     END_REASONS_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
+    IDLE_MEASURED_FIELD_NUMBER: _ClassVar[int]
     key: str
     device_hours: float
     leases: int
@@ -522,7 +525,8 @@ class ReportRow(_message.Message):
     idle_device_hours: float
     end_reasons: _containers.ScalarMap[str, int]
     lease: UsedLease
-    def __init__(self, key: _Optional[str] = ..., device_hours: _Optional[float] = ..., leases: _Optional[int] = ..., wait_p50_s: _Optional[float] = ..., wait_p90_s: _Optional[float] = ..., wait_max_s: _Optional[float] = ..., idle_device_hours: _Optional[float] = ..., end_reasons: _Optional[_Mapping[str, int]] = ..., lease: _Optional[_Union[UsedLease, _Mapping]] = ...) -> None: ...
+    idle_measured: bool
+    def __init__(self, key: _Optional[str] = ..., device_hours: _Optional[float] = ..., leases: _Optional[int] = ..., wait_p50_s: _Optional[float] = ..., wait_p90_s: _Optional[float] = ..., wait_max_s: _Optional[float] = ..., idle_device_hours: _Optional[float] = ..., end_reasons: _Optional[_Mapping[str, int]] = ..., lease: _Optional[_Union[UsedLease, _Mapping]] = ..., idle_measured: _Optional[bool] = ...) -> None: ...
 
 class UsedLease(_message.Message):
     __slots__ = ("user", "requested_at", "granted_at", "ended_at", "devices", "time_limit_s", "reservation", "state")

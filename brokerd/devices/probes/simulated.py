@@ -27,6 +27,7 @@ only `--inventory FILE` selects it.
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -202,7 +203,50 @@ def _load(text: str, source: str) -> dict[str, Any]:
         raise InventoryError(f"{source}: not valid YAML: {exc}") from exc
     if not isinstance(doc, dict) or not isinstance(doc.get("devices"), list):
         raise InventoryError(f"{source}: expected a top-level 'devices:' list")
+    _check_keys(doc, text, source)
     return doc
+
+
+_TOP_KEYS = {"devices", "processes"}
+
+
+def _check_keys(doc: dict[str, Any], text: str, source: str) -> None:
+    """Refuse a misspelt key as the config does, with its line and a did-you-mean: one
+    that is ignored (`usage_fil:`) simulates something else than the admin wrote."""
+    levels: list[tuple[str, Any, set[str], tuple[Any, ...]]] = [("", doc, _TOP_KEYS, ())]
+    for i, entry in enumerate(doc["devices"]):
+        levels.append((f"devices[{i}]", entry, _KNOWN_KEYS, ("devices", i)))
+        mig = entry.get("mig") if isinstance(entry, dict) else None
+        for n, item in enumerate(mig if isinstance(mig, list) else []):
+            levels.append((f"devices[{i}].mig[{n}]", item, _MIG_KEYS, ("devices", i, "mig", n)))
+    listed = doc.get("processes")
+    for i, entry in enumerate(listed if isinstance(listed, list) else []):
+        levels.append((f"processes[{i}]", entry, _PROCESS_KEYS, ("processes", i)))
+    for where, mapping, known, path in levels:
+        unknown = sorted(str(k) for k in mapping if k not in known) if isinstance(mapping, dict) else []
+        if unknown:
+            key = unknown[0]
+            line = _key_lines(text).get((*path, key))
+            close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(sorted(known))}"
+            at = f"{source}:{line}" if line else source
+            raise InventoryError(f"{at}: {where + ': ' if where else ''}unknown key {key!r}; {hint}")
+
+
+def _key_lines(text: str) -> dict[tuple[Any, ...], int]:
+    """Each mapping key's 1-based line, by its path (("devices", 0, "uuid")); only asked
+    for when a key is wrong, so the second parse costs nothing otherwise."""
+    lines: dict[tuple[Any, ...], int] = {}
+    todo: list[tuple[yaml.Node, tuple[Any, ...]]] = [(yaml.compose(text, Loader=_Loader), ())]
+    while todo:
+        node, path = todo.pop()
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                lines[(*path, key.value)] = key.start_mark.line + 1
+                todo.append((value, (*path, key.value)))
+        elif isinstance(node, yaml.SequenceNode):
+            todo.extend((item, (*path, i)) for i, item in enumerate(node.value))
+    return lines
 
 
 def _processes(doc: dict[str, Any], devices: tuple[Device, ...], source: str) -> tuple[GpuProcess, ...]:

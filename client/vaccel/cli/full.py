@@ -20,13 +20,11 @@ from vaccel.cli.common import (
     as_text,
     connection,
     devices_arg,
-    gpus_arg,
     refused,
     rpc,
     signal_number,
     size_arg,
     time_arg,
-    to_dict,
     wait_arg,
 )
 from vaccel.cli.parser import Parser, RawDescriptionHelpFormatter
@@ -50,8 +48,8 @@ Share this host's GPUs without fighting over them: exclusive leases from vaccel-
   vaccel check runtime-spec.yaml      can this host and this Python run that contract?
 
 exit status: run exits with the command's status (124 when the lease's time limit stopped
-it); 1 refused, 2 bad usage or file, 69 broker unreachable, 75 busy (--no-wait) or waited
-too long (--wait), 127 command not found.
+it); 1 refused, 2 bad usage or file, 69 broker unreachable, 75 busy (--no-wait), waited
+too long (--wait) or too many of your requests waiting (max_waiting), 127 command not found.
 """
 
 
@@ -72,32 +70,6 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     print(render_status(reply, every=args.all))  # already safe for a terminal, line by line (shown())
     return 0
-
-
-# -- check -----------------------------------------------------------------------------
-
-
-def cmd_check(args: argparse.Namespace) -> int:
-    from vaccel.contract.facts import gather_facts
-    from vaccel.contract.files import ContractFileError, load_contract_files
-    from vaccel.contract.report import check_exit_code, render_check
-
-    gpus = gpus_arg(args.gpus)  # refused as `vaccel run` refuses it
-    try:
-        files = load_contract_files(args.spec, args.config, os.getcwd())
-    except ContractFileError as exc:
-        raise CliError(str(exc), EXIT_USAGE) from None
-    if not files.empty:
-        print(f"vaccel: {files.said()}", file=sys.stderr)
-    request = pb.CheckRequest(
-        runtime_spec_yaml=files.spec_text, runtime_spec_name=files.spec_name,
-        accelerator_config_yaml=files.config_text, accelerator_config_name=files.config_name,
-        gpus=gpus, min_memory_mib=size_arg(args.min_memory),
-    )
-    request.client.CopyFrom(gather_facts(files.packages))
-    reply = rpc(connection(args), "Check", request)
-    print(json.dumps(to_dict(reply), indent=2) if args.json else render_check(reply))
-    return check_exit_code(reply)
 
 
 # -- run -------------------------------------------------------------------------------
@@ -328,15 +300,17 @@ def _add_drain(sub: argparse._SubParsersAction, common: argparse.ArgumentParser)
 
 def _add_check(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("check", parents=[common], help="check a runtime contract against this host",
-                       description="One line per check, for the devices of this host and this Python "
-                                   "environment. Exit 0 when satisfiable, 1 when not, 2 on a bad file.")
+                       description="One line per check, for the devices of this host and the job's Python "
+                                   "(--python). Exit 0 when satisfiable, 1 when not, 2 on a bad file.")
     p.add_argument("spec", nargs="?", metavar="runtime-spec.yaml",
                    help="the contract (default: ./runtime-spec.yaml if present)")
     p.add_argument("--config", metavar="FILE", help="accelerator-config.yaml")
     p.add_argument("--gpus", type=int, default=1, help="how many devices the job needs (default 1)")
     p.add_argument("--min-memory", metavar="SIZE", help="memory each device must have, with a unit: 20GiB, 512MiB")
+    p.add_argument("--python", metavar="PATH", help="the Python the job runs, whose torch and packages the "
+                   "contract is checked against (default: the first python3 on PATH)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=cmd_check)
+    p.set_defaults(func=_later("vaccel.cli.check", "cmd_check"))
 
 
 _COMMANDS: dict[str, Callable[[argparse._SubParsersAction, argparse.ArgumentParser], None]] = {

@@ -87,7 +87,8 @@ def lease_json(used: pb.UsedLease) -> dict[str, Any]:
 def row_json(row: pb.ReportRow) -> dict[str, Any]:
     item = {"key": row.key, "device_hours": row.device_hours, "leases": row.leases,
             "wait_p50_s": row.wait_p50_s, "wait_p90_s": row.wait_p90_s, "wait_max_s": row.wait_max_s,
-            "idle_device_hours": row.idle_device_hours, "end_reasons": dict(sorted(row.end_reasons.items()))}
+            "idle_device_hours": row.idle_device_hours, "idle_measured": row.idle_measured,
+            "end_reasons": dict(sorted(row.end_reasons.items()))}
     if row.HasField("lease"):
         item["lease"] = lease_json(row.lease)
     return item
@@ -142,7 +143,8 @@ def render_table(reply: pb.ReportReply, names: dict[str, str]) -> str:
     def cells(key: str, row: pb.ReportRow) -> list[str]:
         return [key, f"{row.device_hours:.2f}", str(row.leases), format_duration(row.wait_p50_s),
                 format_duration(row.wait_p90_s), format_duration(row.wait_max_s),
-                f"{row.idle_device_hours:.2f}", _ends(row)]
+                # "-": no probe measured idleness (simulated devices), not "nothing was idle"
+                f"{row.idle_device_hours:.2f}" if row.idle_measured else "-", _ends(row)]
 
     head = (f"usage {_when(reply.since)} to {_when(reply.until)} "
             f"({format_duration(reply.until - reply.since)}), by {reply.by}")

@@ -75,7 +75,8 @@ def cmd_reserve(args: argparse.Namespace) -> int:
     try:
         request = LeaseRequest(gpus=gpus, min_memory_mib=size_arg(args.min_memory), wait=wait,
                                contract=args.contract, command="vaccel reserve", time=time_arg(args.time),
-                               devices=devices, reservation=True, memory_mib=size_arg(args.memory, "--memory"))
+                               devices=devices, reservation=True, memory_mib=size_arg(args.memory, "--memory"),
+                               argv=("python3",))  # the jobs to come run their own Python: as `vaccel check`
     except ValueError as exc:
         raise CliError(str(exc), EXIT_USAGE) from None
     with LeaseSession(args.socket, on_queue=queue_printer(quiet=False),

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
+import sys
 from collections.abc import Iterable
 
 from vaccel.accelerator.introspect import inspect_torch_build, with_fake_archs
@@ -33,7 +34,7 @@ def gather_facts(
     """This environment's facts. `packages` are the dependency names a contract lists
     (their installed versions are included; missing ones are left out). With
     `inspect_torch=False` torch is not looked at (no import cost, no torch facts)."""
-    facts = broker_pb2.ClientFacts(python_version=platform.python_version())
+    facts = broker_pb2.ClientFacts(python_version=platform.python_version(), python_executable=sys.executable)
     build = inspect_torch_build() if inspect_torch else None
     fake = os.environ.get(FAKE_ARCHS_ENV, "")
     if fake:

@@ -38,6 +38,7 @@ class ContractFiles(NamedTuple):
     config_path: str | None = None  # absolute; the accelerator reads its amp_config
     spec_found: str = ""  # how each was found: NAMED, IN_CWD or FROM_CONFIG
     config_found: str = ""
+    checked_against: str = ""  # the interpreter the Python side was checked against (vaccel/contract/job_python.py)
 
     @property
     def empty(self) -> bool:

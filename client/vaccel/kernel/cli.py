@@ -62,7 +62,7 @@ def cmd_kernel_install(args: argparse.Namespace) -> int:
     if problem:
         raise cli.CliError(f"--name {name!r}: {problem}", cli.EXIT_USAGE)
     _check_host_has(args)
-    display = args.display_name or install.display_name(args.gpus)
+    display = args.display_name or install.display_name(args.gpus, args.on_busy, args.max_wait)
     spec = install.kernel_spec(gpus=args.gpus, on_busy=args.on_busy, max_wait=args.max_wait,
                                socket=getattr(args, "socket", None), display=display,
                                provisioner=not args.without_provisioner)

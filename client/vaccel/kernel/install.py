@@ -24,8 +24,11 @@ def default_name(gpus: int) -> str:
     return f"vaccel-{gpus}gpu"
 
 
-def display_name(gpus: int) -> str:
-    return f"Python 3 (vaccel, {gpus} GPU{'s' if gpus > 1 else ''})"
+def display_name(gpus: int, on_busy: str = "wait", max_wait: str | None = None) -> str:
+    """The name Jupyter's launcher shows; kernels that act differently when the devices are
+    busy are told apart there (two kernels of one name, one failing at once, confuse)."""
+    how = ", fails at once when busy" if on_busy == "fail" else f", waits up to {max_wait}" if max_wait else ""
+    return f"Python 3 (vaccel, {gpus} GPU{'s' if gpus > 1 else ''}{how})"
 
 
 def kernel_spec(*, gpus: int, on_busy: str, max_wait: str | None, socket: str | None, display: str,

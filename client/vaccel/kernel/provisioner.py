@@ -33,6 +33,7 @@ from typing import Any
 from jupyter_client.provisioning import LocalProvisioner
 from tornado.web import HTTPError
 
+from vaccel.kernel.refusal_log import quiet_refusals
 from vaccel.kernel.report import GRANTED, QUEUED, REFUSED, REPORT_FD_VAR, Report
 from vaccel.kernel.stopped import STOPPED_VAR
 
@@ -83,6 +84,7 @@ class VaccelProvisioner(LocalProvisioner):  # type: ignore[misc]
         first = await started
         if first is None or first.kind == REFUSED:
             code = await self._reap()
+            quiet_refusals(self.log, KernelStartRefused)  # one log line for it, not two tracebacks
             raise KernelStartRefused(f"no device for this kernel: {first.message}" if first else
                                      f"the vaccel kernel exited (status {code}) before its lease was granted; "
                                      "the server's log has its error")

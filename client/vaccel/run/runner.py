@@ -183,7 +183,7 @@ def run_under_lease(
             return _supervise(command, slurm_job.NoSession(), job, child_env(job, None), wake)  # type: ignore[arg-type]
         request = LeaseRequest(gpus=gpus, min_memory_mib=min_memory_mib, wait=wait, contract=contract, config=config,
                                command=" ".join(map(argv_text, command)), time=time_limit, devices=devices,
-                               memory_mib=memory_mib)
+                               memory_mib=memory_mib, argv=tuple(command))
         inside = "" if lease_id else os.environ.get("VACCEL_LEASE_ID", "")
         ending = _Ending(wake, warn_signal)
         with _session(socket, quiet, wake, ending) as session:

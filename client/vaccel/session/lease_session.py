@@ -173,6 +173,8 @@ class LeaseSession:
         wire, self.files = request.build(os.getcwd())
         if self.on_contract is not None and not self.files.empty:
             self.on_contract(self.files.said())
+            if self.files.checked_against:
+                self.on_contract(self.files.checked_against)
         return Acquisition(self.connection, wire, self.on_queue, self._say)
 
     # -- holding it ---------------------------------------------------------------------

@@ -14,7 +14,7 @@ from collections.abc import Callable
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 69  # sysexits EX_UNAVAILABLE: the broker cannot be reached
-EXIT_TEMPFAIL = 75  # sysexits EX_TEMPFAIL: busy with --no-wait, or --wait ran out
+EXIT_TEMPFAIL = 75  # sysexits EX_TEMPFAIL: busy with --no-wait, --wait ran out, max_waiting reached
 # `vaccel run`: the lease reached its time limit and the command was stopped; timeout(1)'s
 # status, so a script tells "ran out of time" from a crash (Slurm's TIMEOUT) as it would there.
 EXIT_TIME_LIMIT = 124

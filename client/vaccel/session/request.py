@@ -57,6 +57,7 @@ class _RequestFields(NamedTuple):
     reservation: bool = False  # held by the user, not this process (`vaccel reserve`)
     memory_mib: int = 0  # > 0: a memory share of one shared device, not whole devices (docs/sharing.md)
     import_torch: bool = True  # False: without a contract, no torch facts rather than wait for torch's import
+    argv: tuple[str, ...] = ()  # the command run on the lease (vaccel run): its interpreter's facts are sent
 
 
 class LeaseRequest(_RequestFields):
@@ -96,7 +97,13 @@ class LeaseRequest(_RequestFields):
             command=self.command[:200], time_limit_s=time_limit_s(self.time),
             devices=list(self.devices), reservation=self.reservation, memory_mib=self.memory_mib,
         )
-        if self.sends_facts(files):
+        if self.sends_facts(files) and self.argv and not self.in_process:
+            from vaccel.contract.job_python import facts_for_run  # the job's Python, not this one
+
+            facts, line = facts_for_run(self.argv, files.packages)
+            request.client.CopyFrom(facts)
+            files = files._replace(checked_against=line)
+        elif self.sends_facts(files):
             from vaccel.contract.facts import gather_facts  # imports torch: only when the facts are sent
 
             request.client.CopyFrom(gather_facts(files.packages, inspect_torch=self.inspects_torch(files)))

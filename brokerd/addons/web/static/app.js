@@ -239,8 +239,9 @@ function renderUsageFromTimeline() {
   const t = state.timeline;
   if (!t) return;
   document.getElementById("usage-title").textContent = "Last 24 hours: device-hours per device";
-  document.getElementById("usage-note").textContent =
-    state.reportNote || "Per-user hours come from the usage report, which this daemon does not keep.";
+  // Until the report has answered (the first paint), nothing is known of it: say so, not that
+  // this daemon keeps none (loadReport sets reportNote when it does not).
+  document.getElementById("usage-note").textContent = state.reportNote || "Loading the usage report…";
   const until = now();
   bars("usage", t.devices.map((d) => ({
     label: name(d),
@@ -262,7 +263,8 @@ function renderReport() {
   fill("report", el("p", { class: "note" }, `${when(r.since)} – ${when(r.until)}`),
     table([state.reportBy, "device-hours", "leases", "wait p50", "wait p90", "idle device-hours"],
       rows.map((row) => [rowLabel(row.key), (row.device_hours || 0).toFixed(1), row.leases || 0, duration(row.wait_p50_s || 0),
-        duration(row.wait_p90_s || 0), (row.idle_device_hours || 0).toFixed(1)]), [1, 2, 3, 4, 5]));
+        duration(row.wait_p90_s || 0), row.idle_measured ? (row.idle_device_hours || 0).toFixed(1) : "-"]),
+      [1, 2, 3, 4, 5]));
 }
 
 function renderWaits() {
@@ -275,8 +277,9 @@ function renderWaits() {
     bars("waits", rows.concat(waiting.map((w) => ({ label: w.label, values: [w.values[0], 0] }))),
       (v, j) => (j === 1 && !v ? "" : duration(v)), ["#1e3a8a", "#93c5fd"]);
   } else {
-    document.getElementById("waits-note").textContent = "Waiting now" +
-      (r ? "" : " (past waits come from the usage report, which this daemon does not keep)") + ".";
+    document.getElementById("waits-note").textContent = "Waiting now" + (r ? "" : state.reportMissing
+      ? " (past waits come from the usage report, which this daemon does not keep)"
+      : state.reportNote ? ` (past waits: ${state.reportNote})` : " (loading past waits…)") + ".";
     bars("waits", waiting, (v) => duration(v), ["#b45309"]);
   }
 }
@@ -301,6 +304,7 @@ async function loadReport() {
     state.report = report;
   } catch (e) {
     state.report = null;
+    state.reportMissing = e.status === 404;
     state.reportNote = e.status === 404 ? "accounting not available: this daemon keeps no usage report"
       : "the report could not be loaded";
   }
