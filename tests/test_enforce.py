@@ -496,6 +496,34 @@ def test_after_a_kill9_what_an_ended_lease_left_holding_a_node_is_stopped_before
             os.kill(keeper, signal.SIGKILL)
 
 
+def test_a_device_held_open_without_a_lease_names_its_holder_in_status(
+    gated, users: dict[str, int], staged: Path, nodes: Path  # noqa: F811 - staged: fixture
+):
+    """Issue 42: the gate's busy device says who holds it, in `vaccel status` and in its
+    JSON (`busy_by`), as a lease's holder is named."""
+    node = mknod(nodes, "named", FULL)
+    code = textwrap.dedent(f"""\
+        import os, time
+        fd = os.open({node!r}, os.O_RDWR)
+        os.setgid({users[BOB]}); os.setuid({users[BOB]})
+        print("open", flush=True)
+        time.sleep(120)
+    """)
+    early = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd="/",
+                             env={"PATH": "/usr/bin:/bin"})
+    try:
+        assert early.stdout.readline().strip() == "open"
+        broker, _ = gated({"GPU-n0": node})
+        (device,) = status(broker)["devices"]
+        assert device["state"] == "busy", device
+        assert device["busy_by"]["user"] == BOB and device["busy_by"]["pid"] == early.pid, device
+        text = broker.vaccel("status").stdout
+        assert f"{BOB} (pid {early.pid}, no lease)" in text, text
+    finally:
+        early.kill()
+        early.wait(10)
+
+
 def test_a_device_held_open_without_a_lease_is_not_granted_until_it_is_let_go(
     gated, users: dict[str, int], staged: Path, nodes: Path  # noqa: F811 - staged: fixture
 ):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 from brokerd.base.journal import log_event
 from brokerd.base.process import ProcessId
@@ -41,6 +42,7 @@ class Inventory:
         self._refresh = refresh
         self._unleased = UnleasedSignaller()
         self._held: dict[str, dict[str, str]] = {}  # an add-on -> the devices it holds back, with why
+        self._holders: dict[str, dict[str, BusyHolder]] = {}  # an add-on -> the processes that hold them
         self.sharing = SharedDevices()
 
     def of_lease(self, lease: Lease) -> list[ProcessId]:
@@ -89,10 +91,15 @@ class Inventory:
         """Tell the manager which devices `[sharing] devices` marks shared among those found."""
         self.manager.set_sharing(self.sharing.resolve(self._config().sharing_devices, self.snapshot.devices))
 
-    def hold_back(self, by: str, devices: dict[str, str]) -> None:
+    def held_by(self, uuid: str) -> BusyHolder | None:
+        """The process an add-on found holding `uuid` without a lease, if any."""
+        return next((found[uuid] for found in self._holders.values() if uuid in found), None)
+
+    def hold_back(self, by: str, devices: dict[str, str], holders: dict[str, BusyHolder]) -> None:
         """`by` (an add-on) says which devices must not be granted now (uuid -> why, as
-        `vaccel status` shows it), in place of what it said before; what it lets go is
-        granted at once."""
+        `vaccel status` shows it; and the process holding it, `busy_by`), in place of what
+        it said before; what it lets go is granted at once."""
+        self._holders[by] = dict(holders)
         if self._held.get(by, {}) == devices:
             return
         self._held[by] = dict(devices)
@@ -101,6 +108,14 @@ class Inventory:
         if before != self.manager.unavailable:
             self._pump_soon()
             self.changes.changed()
+
+
+class BusyHolder(NamedTuple):
+    """A process that holds a device without a lease, as an add-on found it (`busy_by`)."""
+
+    user: str
+    pid: int
+    command: str
 
 
 def occupancy_of(

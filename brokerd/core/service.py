@@ -31,7 +31,7 @@ from brokerd.core.changes import ChangeFeed
 from brokerd.core.container_holds import ContainerHolds
 from brokerd.core.drains import drain_device
 from brokerd.core.governing import Governance
-from brokerd.core.inventory import Inventory
+from brokerd.core.inventory import BusyHolder, Inventory
 from brokerd.core.ledger import Ledger
 from brokerd.core.liveness import ProcessWatcher
 from brokerd.core.permissions import Action, Permissions
@@ -353,10 +353,10 @@ class BrokerService:
                           self.inventory.occupancy.unleased, snapshot.verdicts, snapshot.simulated, usage,
                           self._allocator.outside_status() if self._allocator is not None else None)
 
-    def hold_back(self, by: str, devices: dict[str, str]) -> None:
-        """An add-on's devices that must not be granted now (uuid -> why), replacing what
-        `by` held back before (brokerd/core/inventory.py)."""
-        self.inventory.hold_back(by, devices)
+    def hold_back(self, by: str, devices: dict[str, str], holders: dict[str, BusyHolder] | None = None) -> None:
+        """An add-on's devices that must not be granted now (uuid -> why, and who holds it
+        when a process does), replacing what `by` held back before (core/inventory.py)."""
+        self.inventory.hold_back(by, devices, holders or {})
 
     def usage_seen_by(self, identity: Identity) -> int | None:
         """Whose use against the limits `identity` sees in the status: everyone's (None) where

@@ -173,6 +173,11 @@ def status_reply(service: BrokerService, identity: Identity) -> pb.StatusReply:
             pid=proc.pid, uid=max(proc.uid, 0), user=proc.user, command=proc.command,
             used_memory_mib=proc.used_memory_mib, device_uuid=proc.device_uuid,
         ))
+    for uuid, msg in busy.items():  # held back by an add-on (the enforce gate) that names the process
+        held = service.inventory.held_by(uuid) if not msg.HasField("busy_by") else None
+        if held is not None:
+            msg.busy_by.CopyFrom(pb.BusyBy(user=held.user, pid=held.pid, command=held.command,
+                                           container=service.holds.container_of(held.pid)))
     for verdict in status.probes:
         reply.probes.append(pb.ProbeVerdict(vendor=verdict.vendor, available=verdict.available,
                                             reason=verdict.reason))

@@ -38,11 +38,12 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from brokerd.addons.enforce import acl
-from brokerd.addons.enforce.holds import grace_left, held_open, leftover_of
+from brokerd.addons.enforce.holds import grace_left, held_open, in_words, leftover_of
 from brokerd.addons.enforce.openers import Opener, find_openers, first_login_uid
 from brokerd.base.journal import log_event
 from brokerd.base.process import ProcessId
 from brokerd.base.procinfo import user_name
+from brokerd.core.inventory import BusyHolder
 from brokerd.core.reaper import signal_all
 from brokerd.core.service import BrokerService
 from brokerd.devices.model import Device
@@ -219,7 +220,9 @@ class DeviceGate(LeaseHook):
         return {d.uuid: d for d in self.service.manager.devices.values() if not gate_problem(d)}
 
     def _hold(self, found: list[Opener], devices: dict[str, Device]) -> None:
-        self.service.hold_back(self.name, held_open(found, self._wanted, devices.values(), self._system_below))
+        held = held_open(found, self._wanted, devices.values(), self._system_below)
+        self.service.hold_back(self.name, {uuid: in_words(*it) for uuid, it in held.items()},
+                               {uuid: BusyHolder(o.user, o.process.pid, o.command) for uuid, (o, _) in held.items()})
 
     def _stop_leftovers(self) -> None:
         """At start-up, before anyone is served: the devices held open without a lease are

@@ -28,19 +28,24 @@ from brokerd.leasing.model import RELEASED, Lease
 
 
 def held_open(openers: Iterable[Opener], wanted: Callable[[str], set[int]], devices: Iterable[Device],
-              system_below: int) -> dict[str, str]:
-    """Device uuid -> who holds one of its nodes without a lease there, in words."""
+              system_below: int) -> dict[str, tuple[Opener, str]]:
+    """Device uuid -> the process that holds one of its nodes without a lease there, and
+    that node (the first such process found)."""
     device_of = {path: device for device in devices for path in device.device_nodes}
-    held: dict[str, str] = {}
+    held: dict[str, tuple[Opener, str]] = {}
     for opener in openers:
         if opener.uid < system_below:
             continue
         for path in opener.nodes:
             device = device_of.get(path)
             if device is not None and opener.uid not in wanted(path) and device.uuid not in held:
-                held[device.uuid] = (f"{opener.user}'s pid {opener.process.pid} ({opener.command[:40]}) holds "
-                                     f"{path} open without a lease there")
+                held[device.uuid] = (opener, path)
     return held
+
+
+def in_words(opener: Opener, path: str) -> str:
+    """Why a device is held back, as `vaccel status` and a refusal say it."""
+    return f"{opener.user}'s pid {opener.process.pid} ({opener.command[:40]}) holds {path} open without a lease there"
 
 
 def leftover_of(opener: Opener, ended: Iterable[Lease], devices: Mapping[str, Device]) -> Lease | None:

@@ -18,8 +18,8 @@ from vaccel_common.v1 import broker_pb2 as pb
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from vaccel.contract.report import check_exit_code, render_check
     from vaccel.contract.files import ContractFileError, load_contract_files
+    from vaccel.contract.report import check_exit_code, render_check
 
     gpus = gpus_arg(args.gpus)  # refused as `vaccel run` refuses it
     try:
