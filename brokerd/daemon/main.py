@@ -8,6 +8,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from brokerd import __version__
 from brokerd.config.loader import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config
@@ -94,17 +95,19 @@ def _write_dropin(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "install-units":
-        from brokerd.daemon.install_units import checkout_refusal, install_units, running_checkout
+        from brokerd.daemon.install_units import checkout_refusal, find_executable, install_units, running_checkout
 
         checkout = running_checkout()
         if checkout is not None and not args.from_checkout:
             print(f"vaccel-brokerd: {checkout_refusal(checkout)}", file=sys.stderr)
             return 2
-        kwargs: dict[str, Path] = {"dest": args.dest} if args.dest else {}
+        kwargs: dict[str, Any] = {"dest": args.dest} if args.dest else {}
         if args.destdir:  # staging (make install DESTDIR=, a package): every file under it, sysusers not run
             root = args.destdir.resolve()
             kwargs = {"dest": root / "etc/systemd/system", "config_dir": root / "etc/vaccel",
                       "sysusers_dir": root / "etc/sysusers.d", "root": root, **kwargs}
+            exe = Path(find_executable())  # the staged one: the unit names where it will be
+            kwargs["exec_path"] = f"/{exe.relative_to(root)}" if exe.is_relative_to(root) else str(exe)
         try:
             install_units(**kwargs)
         except PermissionError as exc:
