@@ -83,7 +83,9 @@ if [[ -z $wheel ]]; then
 fi
 # The same version number may carry other code (a newer commit): replace it, then add what it needs.
 "${pip[@]}" --force-reinstall --no-deps "$wheel"
-"${pip[@]}" "$requirement @ file://$wheel"
+# --ignore-installed: every dependency goes into the venv, even one the build host's system
+# site-packages happen to have (python3-yaml here, absent on the host that installs it).
+"${pip[@]}" --ignore-installed "$requirement @ file://$wheel"
 bash "$(dirname "$0")/launcher.sh" "$target"
 "$target/bin/vaccel" --version
 if ((units)); then

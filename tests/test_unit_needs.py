@@ -61,9 +61,10 @@ def test_each_feature_gets_its_lines_with_the_reason(tmp_path: Path):
     """)
     text = render_dropin(config)
     blocks = {b.split("\n", 1)[0]: b for b in text.split("\n\n")[1:]}
-    web = blocks["# web.listen: the dashboard listens on 127.0.0.1:8642 (TCP)"]
-    assert "RestrictAddressFamilies=AF_INET AF_INET6\nPrivateNetwork=no" in web
-    assert "PrivateNetwork=no" in blocks["# metrics.listen: Prometheus scrapes 0.0.0.0:9400 (TCP)"]
+    web = blocks["# web.listen: the dashboard listens on 127.0.0.1:8642 (TCP; NETLINK: whose connection it is)"]
+    assert "RestrictAddressFamilies=AF_INET AF_INET6 AF_NETLINK\nPrivateNetwork=no" in web
+    metrics = blocks["# metrics.listen: Prometheus scrapes 0.0.0.0:9400 (TCP; NETLINK: whose connection it is)"]
+    assert "PrivateNetwork=no" in metrics
     (job,) = [b for b in blocks if b.startswith("# metrics.hpc_job_mapping_dir")]
     assert blocks[job].endswith(f"ReadWritePaths={mapping}\n")
     assert "CapabilityBoundingSet" not in text  # none of these needs a capability
@@ -211,3 +212,20 @@ def test_enforcement_without_ptrace_is_refused(workdir: Path):
         assert "enforcement on" not in broker.log.read_text()
     finally:
         broker.stop()
+
+
+def test_a_client_whose_uid_the_kernel_does_not_tell_is_keyed_by_its_ipv4_address(monkeypatch):
+    """Seen under the real unit (the boot test): without AF_NETLINK the sock_diag lookup
+    fails, and the dashboard's guard fell back to the address, where an IPv4 address has no
+    ipv4_mapped: every request died in connection_made. The fallback path, on a real socket."""
+    from brokerd.addons import http_guard
+
+    monkeypatch.setattr(http_guard, "peer_uid", lambda local, peer: None)  # what a refused netlink answers
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        with socket.create_connection(server.getsockname()) as client:
+            accepted, _ = server.accept()
+            with accepted:
+                assert http_guard._client_key(accepted) == "address 127.0.0.1"
+                assert client.fileno() >= 0

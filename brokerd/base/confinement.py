@@ -18,7 +18,9 @@ from pathlib import Path
 # capability(7) numbers of the ones the daemon's features use.
 CAPABILITIES = {"CAP_CHOWN": 0, "CAP_DAC_OVERRIDE": 1, "CAP_DAC_READ_SEARCH": 2, "CAP_FOWNER": 3, "CAP_KILL": 5,
                 "CAP_SETGID": 6, "CAP_SETUID": 7, "CAP_SYS_PTRACE": 19}
-FAMILIES = {"AF_UNIX": socket.AF_UNIX, "AF_INET": socket.AF_INET, "AF_INET6": socket.AF_INET6}
+FAMILIES = {"AF_UNIX": socket.AF_UNIX, "AF_INET": socket.AF_INET, "AF_INET6": socket.AF_INET6,
+            "AF_NETLINK": socket.AF_NETLINK}
+_TYPES = {"AF_NETLINK": socket.SOCK_DGRAM}  # SOCK_STREAM for the others
 
 
 def _cap_set(field: str, status: str) -> set[str]:
@@ -44,7 +46,7 @@ def family_blocked(name: str) -> bool:
     """Whether opening a socket of the family is refused (RestrictAddressFamilies= answers
     EAFNOSUPPORT; a kernel without the family does too)."""
     try:
-        socket.socket(FAMILIES[name], socket.SOCK_STREAM).close()
+        socket.socket(FAMILIES[name], _TYPES.get(name, socket.SOCK_STREAM)).close()
     except OSError as exc:
         return exc.errno in (errno.EAFNOSUPPORT, errno.EPERM, errno.EACCES)
     return False

@@ -51,12 +51,15 @@ def needs(config: Config) -> list[Need]:
     """What the features `config` turns on need beyond the shipped unit, one Need each."""
     found: list[Need] = []
     inet = ("AF_INET", "AF_INET6")
+    # AF_NETLINK: a local client's uid comes from sock_diag (brokerd/base/tcp_peer.py), which
+    # keys the guard's per-client budgets (brokerd/addons/http_guard.py).
+    served = (*inet, "AF_NETLINK")
     if config.web_listen:
-        found.append(Need("web.listen", f"the dashboard listens on {config.web_listen} (TCP)",
-                          families=inet, network=True, off={"web_listen": ""}))
+        found.append(Need("web.listen", f"the dashboard listens on {config.web_listen} (TCP; NETLINK: "
+                          "whose connection it is)", families=served, network=True, off={"web_listen": ""}))
     if config.metrics_listen:
-        found.append(Need("metrics.listen", f"Prometheus scrapes {config.metrics_listen} (TCP)",
-                          families=inet, network=True, off={"metrics_listen": ""}))
+        found.append(Need("metrics.listen", f"Prometheus scrapes {config.metrics_listen} (TCP; NETLINK: "
+                          "whose connection it is)", families=served, network=True, off={"metrics_listen": ""}))
     if config.metrics_job_mapping_dir is not None:
         found.append(Need("metrics.hpc_job_mapping_dir",
                           f"lease ids per device for dcgm-exporter in {config.metrics_job_mapping_dir}",
