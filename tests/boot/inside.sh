@@ -178,13 +178,22 @@ assert page.status == 200 and 'vaccel_' in metrics
 " | tee "$out/web-metrics.txt"
 }
 
-gpu1_busy_by_bob() {
-    as "$user" vaccel status >"$out/status-busy.txt" && grep 'gpu1' "$out/status-busy.txt" | grep 'busy' | grep -q "$other"
+gpu1_busy() {
+    as "$user" vaccel status >"$out/status-busy.txt" && grep '^gpu1 ' "$out/status-busy.txt" | grep -q ' busy'
 }
 
 enforce_busy() {
-    # bob's process holds gpu1 without a lease: busy, naming him; nobody is granted it.
-    wait_for 30 gpu1_busy_by_bob
+    # bob's process holds gpu1 without a lease: busy; a request for it is refused naming
+    # the holder's pid, and the journal names bob. Nobody is granted it.
+    local pid
+    pid=$(pgrep -u "$other" -f 'vaccel-sim/gpu1') || return 1
+    wait_for 30 gpu1_busy || return 1
+    if as "$user" vaccel run --device gpu1 --no-wait -- true >"$out/busy-refused.out" 2>"$out/busy-refused.err"; then
+        return 1
+    fi
+    cat "$out/busy-refused.err"
+    grep -q "pid $pid" "$out/busy-refused.err" &&
+        this_broker | grep "pid $pid" | grep -q "$other's pid $pid .* holds $nodes/gpu1 without a lease"
 }
 
 lease_listed() {  # FILE: the lease id from alice's output is in `vaccel leases --all --json`
