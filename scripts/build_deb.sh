@@ -68,6 +68,10 @@ fi
 log "staging /opt/vaccel"
 DESTDIR=$stage bash "$repo/scripts/install.sh" --no-units --wheels "$wheels" --extras enforce /opt/vaccel >&2
 rm -rf "$stage/usr/local"  # install.sh's link for hosts without a package; here /usr/bin has them
+# pip and setuptools only built the venv (a third of its size): dpkg owns it, nothing installs into it later.
+site=$(compgen -G "$stage/opt/vaccel/lib/python3*/site-packages")
+rm -rf "$site"/pip "$site"/pip-*.dist-info "$site"/setuptools "$site"/setuptools-*.dist-info \
+    "$site"/pkg_resources "$site"/_distutils_hack "$site"/distutils-precedence.pth "$stage"/opt/vaccel/bin/pip*
 install -d "$stage/usr/bin"
 ln -s /opt/vaccel/bin/vaccel "$stage/usr/bin/vaccel"
 ln -s /opt/vaccel/bin/vaccel-brokerd "$stage/usr/bin/vaccel-brokerd"
