@@ -37,8 +37,8 @@ BOOT = REPO / "tests" / "boot"
 CACHE = Path(os.environ.get("VACCEL_BOOT_CACHE", "/var/cache/vaccel-boot-test"))
 UNREACHABLE = 3  # build_root.sh's exit status for "the mirror cannot be reached"
 STEPS = ["system-up", "install-package", "installed", "configure", "hold-before", "reload-refuses",
-         "restart-granted", "web-metrics", "enforce-busy", "lease", "job-mapping", "reserve-and-queue", "reload",
-         "reload-invalid", "restart", "upgrade", "release", "stop", "remove", "purge"]
+         "restart-granted", "web-metrics", "delegate-needs", "enforce-busy", "lease", "job-mapping",
+         "reserve-and-queue", "reload", "reload-invalid", "restart", "upgrade", "release", "stop", "remove", "purge"]
 EXTRAS = ("nvidia", "amd", "enforce")  # what the package puts in its venv (scripts/build_deb.sh)
 
 pytestmark = [pytest.mark.boot, pytest.mark.timeout(1500)]
@@ -119,7 +119,8 @@ def journal_entries(path: Path) -> list[dict[str, object]]:
 def report(out: Path, timings: dict[str, float]) -> str:
     lines = [f"{name}: {seconds:.1f}s" for name, seconds in timings.items()]
     for name in ("boot.txt", "steps.log", "version.txt", "system-state.txt", "probe.txt", "refusals.txt",
-                 "dropin.conf", "props-features.txt", "web-metrics.txt", "status-busy.txt", "job-mapping.txt",
+                 "dropin.conf", "props-features.txt", "web-metrics.txt", "delegate-bare.txt", "delegate-granted.txt",
+                 "status-busy.txt", "job-mapping.txt",
                  "props-stopped.txt", "client.out", "client.err", "journal.txt"):
         path = out / name
         if path.exists():

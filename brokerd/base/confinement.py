@@ -89,6 +89,8 @@ def syscalls_blocked(group: str) -> bool:
             os.setresuid(-1, -1, -1)
             os.setresgid(-1, -1, -1)
             os.setgroups(os.getgroups())
+        elif group == "capset":  # setpriv sets the new user's capabilities after the switch
+            return _capset_blocked()
         elif group == "@chown":
             read, write = os.pipe()
             try:
@@ -103,6 +105,19 @@ def syscalls_blocked(group: str) -> bool:
     except OSError as exc:
         return exc.errno == errno.EPERM
     return False
+
+
+def _capset_blocked() -> bool:
+    """capset(2) with the capabilities we already have (capget's answer): a no-op that only a
+    filter refuses. Python has no binding; libc's wrappers take the kernel's structs."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = (ctypes.c_uint32 * 6)()  # two __user_cap_data_struct: effective, permitted, inheritable
+    if libc.capget(header, data) != 0:
+        return False
+    return libc.capset(header, data) != 0 and ctypes.get_errno() == errno.EPERM
 
 
 def writable(folder: Path) -> bool:

@@ -38,7 +38,7 @@ class Need:
     capabilities: tuple[str, ...] = ()
     families: tuple[str, ...] = ()
     network: bool = False  # the host's network namespace (PrivateNetwork=no)
-    syscalls: tuple[str, ...] = ()  # system call groups the unit's ~@privileged removes
+    syscalls: tuple[str, ...] = ()  # system calls (and groups) the unit's ~@privileged removes
     writes: tuple[Path, ...] = ()
     off: dict[str, object] = dataclasses.field(default_factory=dict)  # the Config fields that turn it off
 
@@ -72,7 +72,7 @@ def needs(config: Config) -> list[Need]:
         found.append(Need("slurm.mode", "salloc runs as the requesting user (setpriv --reuid --regid "
                           "--init-groups) and reaches slurmctld over TCP",
                           capabilities=("CAP_SETUID", "CAP_SETGID"), families=inet, network=True,
-                          syscalls=("@setuid",), off={"slurm_mode": "off"}))
+                          syscalls=("@setuid", "capset"), off={"slurm_mode": "off"}))
     if config.socket_group:
         found.append(Need("server.socket_group", f"the sockets are handed to group {config.socket_group}",
                           capabilities=("CAP_CHOWN",), syscalls=("@chown",), off={"socket_group": ""}))
@@ -139,9 +139,9 @@ def blocks(need: Need) -> list[str]:
         found.append(f"RestrictAddressFamilies= lacks {' '.join(families)}")
     if need.network and not families and confinement.private_network():
         found.append("PrivateNetwork=yes")
-    for group in need.syscalls:
-        if os.geteuid() == 0 and confinement.syscalls_blocked(group):
-            found.append(f"SystemCallFilter= blocks {group}")
+    calls = [g for g in need.syscalls if os.geteuid() == 0 and confinement.syscalls_blocked(g)]
+    if calls:
+        found.append(f"SystemCallFilter= blocks {' '.join(calls)}")
     for path in need.writes:
         if not confinement.writable(path):
             found.append(f"ReadWritePaths= lacks {path}")

@@ -178,6 +178,36 @@ assert page.status == 200 and 'vaccel_' in metrics
 " | tee "$out/web-metrics.txt"
 }
 
+delegate_unit() {  # NAME: the installed unit's sandbox, running tests/boot/delegate_check.py once
+    sed -e "s|^ExecStart=.*|ExecStart=/opt/vaccel/bin/python3 /mnt/boot/delegate_check.py $user 8642|" \
+        -e 's/^Type=notify/Type=oneshot/' -e '/^ExecReload=/d' -e '/^WatchdogSec=/d' -e '/^NotifyAccess=/d' \
+        -e '/^Restart/d' -e '/^RuntimeDirectory/d' -e '/^StateDirectory/d' -e '/^ConfigurationDirectory/d' \
+        /lib/systemd/system/vaccel-brokerd.service >"/etc/systemd/system/$1.service"
+}
+
+delegate_needs() {
+    # Slurm's delegate mode without a Slurm: the shipped unit's sandbox blocks what it does
+    # (the daemon's detection names all three settings), the drop-in written for
+    # `[slurm] mode = "delegate"` grants it: a command runs as alice as salloc would, and a
+    # TCP port answers. The broker itself is not touched.
+    local granted=vaccel-delegate-granted
+    delegate_unit vaccel-delegate-bare && delegate_unit "$granted" && mkdir -p "/etc/systemd/system/$granted.service.d" &&
+        /opt/vaccel/bin/python3 -c 'from brokerd.config.loader import Config
+from brokerd.daemon.unit_needs import render_dropin
+print(render_dropin(Config(slurm_mode="delegate")), end="")' >"/etc/systemd/system/$granted.service.d/50-features.conf" &&
+        systemctl daemon-reload || return 1
+    systemctl start vaccel-delegate-bare && return 1  # blocked: it must fail
+    systemctl start "$granted" || true
+    journalctl -u vaccel-delegate-bare -o cat --no-pager | tee "$out/delegate-bare.txt"
+    journalctl -u "$granted" -o cat --no-pager | tee "$out/delegate-granted.txt"
+    grep -qF "detected: ['CapabilityBoundingSet= lacks CAP_SETUID CAP_SETGID', 'RestrictAddressFamilies= lacks AF_INET AF_INET6', 'SystemCallFilter= blocks @setuid capset']" \
+        "$out/delegate-bare.txt" &&
+        grep -qx "detected: \[\]" "$out/delegate-granted.txt" &&
+        grep -qx "as $user: $user" "$out/delegate-granted.txt" &&
+        grep -qx "tcp 127.0.0.1:8642: connected" "$out/delegate-granted.txt" &&
+        [[ $(systemctl show -p Result --value "$granted") == success ]]
+}
+
 gpu1_busy() {
     as "$user" vaccel status >"$out/status-busy.txt" && grep '^gpu1 ' "$out/status-busy.txt" | grep -q ' busy'
 }
@@ -331,6 +361,7 @@ step hold-before hold_before
 step reload-refuses reload_refuses
 step restart-granted restart_granted
 step web-metrics web_metrics
+step delegate-needs delegate_needs
 step enforce-busy enforce_busy
 step lease lease
 step job-mapping job_mapping
