@@ -70,7 +70,11 @@ def private_network(net_unix: Path = Path("/proc/self/net/unix")) -> bool:
     `unshare -n`): an address it listens on there is reachable from nowhere else.
 
     The Unix sockets the kernel lists for our namespace tell it: on a host's namespace there
-    are always others' (journald's, PID 1's, any service's); in a private one only ours."""
+    are always others' (journald's, PID 1's, any service's); in a private one only ours. A
+    namespace with an interface besides loopback is a real network (a container's, whose
+    ports are published), whoever else is in it."""
+    if any(name != "lo" for _, name in socket.if_nameindex()):
+        return False
     try:
         lines = net_unix.read_text().splitlines()[1:]
         ours = _socket_inodes()
