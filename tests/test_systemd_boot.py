@@ -38,7 +38,8 @@ CACHE = Path(os.environ.get("VACCEL_BOOT_CACHE", "/var/cache/vaccel-boot-test"))
 UNREACHABLE = 3  # build_root.sh's exit status for "the mirror cannot be reached"
 STEPS = ["system-up", "install-package", "installed", "configure", "hold-before", "reload-refuses",
          "restart-granted", "web-metrics", "delegate-needs", "enforce-busy", "lease", "job-mapping",
-         "reserve-and-queue", "reload", "reload-invalid", "restart", "upgrade", "release", "stop", "remove", "purge"]
+         "reserve-and-queue", "reload", "reload-invalid", "restart", "upgrade", "release", "stop", "remove", "purge",
+         "make-install"]
 EXTRAS = ("nvidia", "amd", "enforce")  # what the package puts in its venv (scripts/build_deb.sh)
 
 pytestmark = [pytest.mark.boot, pytest.mark.timeout(1500)]
@@ -103,6 +104,10 @@ def packages(tmp_path: Path, wheels: Path) -> Path:
     newer = debs / deb.name.replace(f"_{version}_", f"_{version}+boot1_")
     subprocess.run(["dpkg-deb", "--root-owner-group", "-Znone", "--build", str(tree), str(newer)],
                    check=True, capture_output=True, timeout=300)
+    # For `make install` after the purge: the same wheels, offline (scripts/install.sh --wheels).
+    shutil.copytree(wheels, debs / "wheels")
+    for wheel in (tree / "usr" / "share" / "vaccel" / "wheels").glob("vaccel-*.whl"):
+        shutil.copy2(wheel, debs / "wheels")
     listing = subprocess.run(["dpkg-deb", "-c", str(deb)], capture_output=True, text=True, check=True).stdout
     (tmp_path / "contents.txt").write_text(listing)
     return debs

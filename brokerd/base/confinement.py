@@ -65,6 +65,15 @@ def _socket_inodes(pid: str = "self") -> set[str]:
     return inodes
 
 
+def _interfaces(net_dev: Path = Path("/proc/self/net/dev")) -> list[str]:
+    """Our namespace's interfaces, from /proc (if_nameindex() needs AF_NETLINK, which a
+    unit may well refuse)."""
+    try:
+        return [line.split(":", 1)[0].strip() for line in net_dev.read_text().splitlines()[2:] if ":" in line]
+    except OSError:
+        return []
+
+
 def private_network(net_unix: Path = Path("/proc/self/net/unix")) -> bool:
     """Whether this process has a network namespace of its own (PrivateNetwork=yes,
     `unshare -n`): an address it listens on there is reachable from nowhere else.
@@ -73,7 +82,7 @@ def private_network(net_unix: Path = Path("/proc/self/net/unix")) -> bool:
     are always others' (journald's, PID 1's, any service's); in a private one only ours. A
     namespace with an interface besides loopback is a real network (a container's, whose
     ports are published), whoever else is in it."""
-    if any(name != "lo" for _, name in socket.if_nameindex()):
+    if any(name != "lo" for name in _interfaces()):
         return False
     try:
         lines = net_unix.read_text().splitlines()[1:]

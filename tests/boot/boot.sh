@@ -61,6 +61,8 @@ status=0
             --private-network --register=no --keep-unit --console=read-only \
             --bind-ro="$debs:/mnt/debs" \
             --bind-ro="$here:/mnt/boot" \
+            --bind-ro="$here/../../scripts/install.sh:/mnt/install.sh" \
+            --bind-ro="$here/../../scripts/launcher.sh:/mnt/launcher.sh" \
             --bind="$out:/mnt/out" \
             --bind-ro="$here/vaccel-boot-test.service:/etc/systemd/system/vaccel-boot-test.service" \
             systemd.wants=vaccel-boot-test.service

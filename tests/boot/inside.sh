@@ -353,6 +353,18 @@ purge_package() {
         ! test -e /var/lib/vaccel && ! test -e /etc/vaccel && ! test -e "$dropin" && ! test -e /opt/vaccel
 }
 
+make_install() {
+    # A host without dpkg: `sudo make install` (scripts/install.sh), offline from the same
+    # wheels (/mnt/debs/wheels: the dependencies' and the package's own vaccel wheel).
+    bash /mnt/install.sh --wheels /mnt/debs/wheels /opt/vaccel | tee "$out/make-install.txt" &&
+        grep -qx 'ExecStart=/opt/vaccel/bin/vaccel-brokerd' /etc/systemd/system/vaccel-brokerd.service &&
+        test -f "$dropin" && getent group vaccel-admin &&
+        test "$(readlink /usr/local/bin/vaccel)" = /opt/vaccel/bin/vaccel &&
+        /opt/vaccel/bin/python3 -c 'import pynvml' && test -d /opt/vaccel/lib/python3.11/site-packages/amdsmi &&
+        systemctl daemon-reload && systemctl enable --now vaccel-brokerd && systemctl is-active vaccel-brokerd &&
+        as "$user" /usr/local/bin/vaccel status | tee "$out/status-make-install.txt"
+}
+
 step system-up system_up
 step install-package install_package
 step installed installed
@@ -374,4 +386,5 @@ step release end_lease
 step stop stop_broker
 step remove remove_package
 step purge purge_package
+step make-install make_install
 finish 0
