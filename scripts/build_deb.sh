@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build the Debian 12 package of this checkout: dist/vaccel_VERSION_ARCH.deb (make deb).
+# Build the Debian 12 package of this checkout: dist/vaccel_VERSION_ARCH.deb (make deb), and
+# beside it the wheel of the whole project it installed.
 #
 #   scripts/build_deb.sh [--wheels DIR] [--out DIR]
 #
@@ -55,6 +56,14 @@ builder=$work/builder
 "$builder/bin/pip" wheel --quiet --disable-pip-version-check --no-deps --wheel-dir "$wheels" "$work/src" 2>&1 |
     { grep -v "is ignored: it is neither a file nor a directory" || true; }
 project_wheel=$(compgen -G "$wheels/vaccel-*.whl")
+# The client's wheel for users' own environments (/usr/share/vaccel/wheels): the same name and
+# version, only the client and the shared code, and only what they import (no daemon's aiohttp,
+# prometheus-client, ...): scripts/client_wheel.py rewrites the copy's pyproject.toml.
+cp -r "$work/src" "$work/client-src"
+/usr/bin/python3 "$repo/scripts/client_wheel.py" "$work/client-src"
+"$builder/bin/pip" wheel --quiet --disable-pip-version-check --no-deps --wheel-dir "$work/client-wheel" \
+    "$work/client-src" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+client_wheel=$(compgen -G "$work/client-wheel/vaccel-*.whl")
 if [[ -n $deps ]]; then
     cp "$deps"/*.whl "$wheels/"
 else
@@ -91,7 +100,7 @@ install -d "$stage/usr/share/man/man1" "$stage/usr/share/man/man8"
 gzip -9n <"$work/docs/vaccel.1" >"$stage/usr/share/man/man1/vaccel.1.gz"
 gzip -9n <"$work/docs/vaccel-brokerd.8" >"$stage/usr/share/man/man8/vaccel-brokerd.8.gz"
 install -D -m 644 "$repo/proto/vaccel/v1/broker.proto" "$stage/usr/share/vaccel/proto/vaccel/v1/broker.proto"
-install -D -m 644 "$project_wheel" "$stage/usr/share/vaccel/wheels/$(basename "$project_wheel")"
+install -D -m 644 "$client_wheel" "$stage/usr/share/vaccel/wheels/$(basename "$client_wheel")"
 install -D -m 644 "$repo/packaging/debian/copyright" "$stage/usr/share/doc/vaccel/copyright"
 
 # 5. Control files.
@@ -104,6 +113,7 @@ size=$(du -sk --exclude=DEBIAN "$stage" | cut -f1)
 sed -e "s/@VERSION@/$version/" -e "s/@ARCH@/$arch/" -e "s/@SIZE@/$size/" \
     "$repo/packaging/debian/control" >"$stage/DEBIAN/control"
 
+cp "$project_wheel" "$out/"  # the whole project's wheel, beside: `make install --wheels` takes it
 deb=$out/vaccel_${version}_${arch}.deb
 dpkg-deb --root-owner-group -Zgzip --build "$stage" "$deb" >&2
 log "built $deb ($(du -h "$deb" | cut -f1), installed size ${size} KiB)"

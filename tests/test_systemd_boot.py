@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 BOOT = REPO / "tests" / "boot"
 CACHE = Path(os.environ.get("VACCEL_BOOT_CACHE", "/var/cache/vaccel-boot-test"))
 UNREACHABLE = 3  # build_root.sh's exit status for "the mirror cannot be reached"
-STEPS = ["system-up", "install-package", "installed", "configure", "hold-before", "reload-refuses",
+STEPS = ["system-up", "install-package", "installed", "client-wheel", "configure", "hold-before", "reload-refuses",
          "restart-granted", "web-metrics", "delegate-needs", "enforce-busy", "lease", "job-mapping",
          "reserve-and-queue", "reload", "reload-invalid", "restart", "upgrade", "release", "stop", "remove", "purge",
          "make-install"]
@@ -106,8 +106,8 @@ def packages(tmp_path: Path, wheels: Path) -> Path:
                    check=True, capture_output=True, timeout=300)
     # For `make install` after the purge: the same wheels, offline (scripts/install.sh --wheels).
     shutil.copytree(wheels, debs / "wheels")
-    for wheel in (tree / "usr" / "share" / "vaccel" / "wheels").glob("vaccel-*.whl"):
-        shutil.copy2(wheel, debs / "wheels")
+    (project,) = debs.glob("vaccel-*.whl")  # the whole project's, beside the package
+    project.rename(debs / "wheels" / project.name)
     listing = subprocess.run(["dpkg-deb", "-c", str(deb)], capture_output=True, text=True, check=True).stdout
     (tmp_path / "contents.txt").write_text(listing)
     return debs

@@ -102,6 +102,17 @@ installed() {
         as "$user" vaccel status >"$out/status-first.txt"
 }
 
+client_wheel() {
+    # An ordinary user's own environment: the shipped client wheel, offline, pulls only what the
+    # client needs (no aiohttp, no prometheus-client) and talks to the system broker.
+    as "$user" python3 -m venv "/home/$user/env" &&
+        as "$user" "/home/$user/env/bin/pip" install --quiet --no-index --find-links /mnt/debs/wheels \
+            /usr/share/vaccel/wheels/vaccel-*.whl &&
+        as "$user" "/home/$user/env/bin/pip" list --format=freeze | tee "$out/client-env.txt" &&
+        ! grep -qiE '^(aiohttp|prometheus.client|grpcio.health|grpcio.reflection)==' "$out/client-env.txt" &&
+        as "$user" "/home/$user/env/bin/vaccel" status | tee "$out/status-client-env.txt" | grep -q 'No devices\|GPU'
+}
+
 configure() {
     # Simulated GPUs with real character nodes (the numbers of /dev/full, /dev/zero and
     # /dev/random), still open to everyone as before enforcement; every feature turned on.
@@ -368,6 +379,7 @@ make_install() {
 step system-up system_up
 step install-package install_package
 step installed installed
+step client-wheel client_wheel
 step configure configure
 step hold-before hold_before
 step reload-refuses reload_refuses
