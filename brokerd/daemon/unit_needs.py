@@ -4,8 +4,9 @@ exactly that, and the refusal of a feature the running unit blocks (issue 41).
 The shipped unit (systemd/vaccel-brokerd.service) grants what every configuration needs:
 CAP_KILL, Unix sockets, /run/vaccel and /var/lib/vaccel. `vaccel-brokerd write-unit-dropin`
 writes DROPIN with what the features in /etc/vaccel/brokerd.toml need beyond that, one
-commented block per feature; the package runs it at install, `systemctl reload` and every
-start run it too. A drop-in applies from the next `systemctl daemon-reload` and start, so
+commented block per feature; the package and `install-units` run it at install, and
+`systemctl reload` runs it too (ExecReload=). A drop-in applies from the next `systemctl
+daemon-reload` and start, so
 the daemon checks at start and at reload whether its own confinement lets each feature
 work (brokerd/base/confinement.py), and turns off one that it does not, with one journal
 line naming the unit setting: never a dashboard "serving" in a network namespace nobody
@@ -86,7 +87,7 @@ def render_dropin(config: Config) -> str:
     """The drop-in granting what `needs(config)` lists, with the reason beside each line."""
     lines = [f"# Written by `vaccel-brokerd write-unit-dropin` from {config.source or 'the defaults'}:",
              "# what the features turned on there need beyond the shipped unit (docs/service.md).",
-             "# Rewritten at install, reload and start: change brokerd.toml, not this file.",
+             "# Rewritten at install and at every systemctl reload: change brokerd.toml, not this file.",
              "[Service]"]
     found = needs(config)
     for need in found:
