@@ -6,11 +6,12 @@ SHELL := /bin/bash
 VENV ?= $(if $(filter 0,$(shell id -u)),/opt/vaccel-venv,$(CURDIR)/.venv)
 PY := $(VENV)/bin/python
 
-# The lab's install (not a set-up step): a wheel of this checkout in its own venv, the unit
-# pointing at it, `vaccel` on every user's PATH. Never the development venv above.
+# The lab's install (not a set-up step): `make deb` on Debian and Ubuntu, else `make install`:
+# a wheel of this checkout in its own venv, the unit pointing at it, `vaccel` on every user's
+# PATH. Never the development venv above.
 LAB_VENV ?= /opt/vaccel
 
-.PHONY: setup demo test lint proto bench install
+.PHONY: setup demo test lint proto bench install deb
 setup:
 	bash scripts/setup.sh $(VENV)
 
@@ -30,5 +31,10 @@ proto:
 bench: setup
 	$(PY) -m bench.leases
 
+# Hosts without dpkg; DESTDIR=DIR stages every file it writes under DIR.
 install:
-	bash scripts/install.sh $(LAB_VENV)
+	DESTDIR="$(DESTDIR)" bash scripts/install.sh $(LAB_VENV)
+
+# The Debian 12 package: dist/vaccel_VERSION_ARCH.deb (scripts/build_deb.sh; docs/service.md).
+deb:
+	bash scripts/build_deb.sh

@@ -21,11 +21,29 @@
 #      (scripts/gpu_check_share.py): the allocator refuses past the cap, and the one that
 #      bypasses the cap is warned, then stopped, its lease ended over_budget; the other
 #      finishes untouched. Also measures the CUDA context outside the allocator.
+#   0. the package (issue 41), where the machine has dpkg and one was built in this checkout
+#      (`make deb` before the run: the machine reaches nothing): installed with apt, offline,
+#      `vaccel-brokerd --probe` from the package on the real GPU -> package-probe.txt/.json (the
+#      packaged NVML binding against the real driver), then purged, leaving the machine as found.
 # Never changes GPU settings (MIG mode included: a GPU in MIG mode is leased by instance,
 # and step 3 then leases an instance). Exits non-zero when a check fails.
 set -euo pipefail
 OUT=${OUT:-$PWD/gpu-check-out}
 mkdir -p "$OUT"
+deb=$(compgen -G "$PWD/dist/vaccel_*.deb" | sort -V | tail -n 1 || true)
+if [[ -n $deb ]] && command -v dpkg >/dev/null && [[ $(id -u) == 0 ]]; then
+    if DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$deb" >"$OUT/package-install.txt" 2>&1
+    then
+        /usr/bin/vaccel-brokerd --probe | tee "$OUT/package-probe.txt"
+        /usr/bin/vaccel-brokerd --probe --json >"$OUT/package-probe.json"
+        DEBIAN_FRONTEND=noninteractive apt-get purge -y vaccel >>"$OUT/package-install.txt" 2>&1
+    else
+        echo "package: $deb does not install here (see package-install.txt); the checks go on without it"
+    fi
+else
+    echo "package: skipped (needs dpkg, root and a dist/vaccel_*.deb from make deb)"
+fi
+
 VENV=$(mktemp -d /tmp/vaccel-gpu-venv.XXXX)
 python3 -m venv "$VENV"
 "$VENV/bin/pip" install -q torch nvidia-ml-py "$PWD" 2>&1 | tail -2

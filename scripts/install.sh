@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Install vaccel for a lab: a wheel built from this checkout, installed (not editable) into a
-# system venv that belongs to no clone, the broker's systemd unit pointing at it, and the
-# `vaccel` command on every user's PATH. Run as root:
+# Install vaccel for a lab on a host without dpkg (on Debian and Ubuntu, `make deb` builds a
+# package: docs/service.md): a wheel built from this checkout, installed (not editable) into
+# a system venv that belongs to no clone, with the NVIDIA and AMD management bindings, the
+# broker's systemd unit pointing at it, and `vaccel` on every user's PATH. Run as root:
 #
 #   sudo make install                       (= scripts/install.sh /opt/vaccel)
 #   scripts/install.sh [--wheels DIR] [--extras LIST] [--no-units] [VENV]
@@ -10,8 +11,13 @@
 #                  system's site-packages, so Debian's python3-systemd gives the journal fields
 #   --wheels DIR   install from the wheels in DIR, offline (vaccel's and its dependencies'),
 #                  instead of building vaccel's from this checkout and fetching the rest
-#   --extras LIST  vaccel's extras too, e.g. enforce (device-node ACLs) or metrics
+#   --extras LIST  vaccel's extras besides nvidia,amd (the management bindings, always in):
+#                  enforce (device-node ACLs, builds against libacl1-dev), systemd (journal
+#                  fields without Debian's python3-systemd), jupyter
 #   --no-units     do not run `vaccel-brokerd install-units`
+#   DESTDIR=DIR    (environment) stage everything under DIR, for a package: the venv is made
+#                  there and its scripts name VENV; nothing outside DIR is written and
+#                  systemd-sysusers does not run
 #
 # The development venv that `make demo` / `make test` build (/opt/vaccel-venv as root) is an
 # editable install of the clone that built it: never run the service from it (install-units
@@ -28,16 +34,21 @@ while (($#)); do
         --wheels) wheels=$(realpath "${2:?--wheels needs a folder}"); shift 2 ;;
         --extras) extras=${2:?--extras needs a list, e.g. enforce}; shift 2 ;;
         --no-units) units=0; shift ;;
-        -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         -*) echo "install.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
         *) venv=$1; shift ;;
     esac
 done
-if [[ $(id -u) != 0 ]]; then
+destdir=${DESTDIR:-}
+destdir=${destdir%/}
+[[ -z $destdir ]] || destdir=$(realpath -m "$destdir")
+if [[ $(id -u) != 0 && -z $destdir ]]; then
     echo "install.sh: run it as root: it installs a system service (sudo make install)" >&2
     exit 2
 fi
-requirement="vaccel${extras:+[$extras]}"
+# The management bindings always: pure Python, they load the driver's library only where it is.
+requirement="vaccel[nvidia,amd${extras:+,$extras}]"
+target=$destdir$venv  # where the files go; $venv is where they will be run from
 
 # The wheels become code that root runs (the broker, install-units): take them only from a
 # folder nobody else can write into or swap (issue 43). The folder and its wheels are root's
@@ -82,11 +93,11 @@ shutil.copytree(sys.argv[1], sys.argv[2], ignore=shutil.ignore_patterns(
 EOF
 fi
 
-echo "install.sh: installing into $venv"
-/usr/bin/python3 -m venv --system-site-packages "$venv"
+echo "install.sh: installing into $target"
+/usr/bin/python3 -m venv --system-site-packages "$target"
 # A pip config may name local wheel folders that are absent: pip warns once per package
 # about them (as in scripts/setup.sh). Real errors still show.
-quiet_pip() { "$venv/bin/pip" "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }; }
+quiet_pip() { "$target/bin/pip" "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }; }
 pip=(quiet_pip install --quiet --disable-pip-version-check --no-cache-dir)
 if [[ -n $wheels ]]; then
     pip+=(--no-index --find-links "$wheels")
@@ -101,20 +112,34 @@ if [[ -z $wheel ]]; then
 fi
 # The same version number may carry other code (a newer commit): replace it, then add what it needs.
 "${pip[@]}" --force-reinstall --no-deps "$wheel"
-"${pip[@]}" "$requirement @ file://$wheel"
-bash "$(dirname "$0")/launcher.sh" "$venv"
-chmod -R a+rX "$venv"
+# --ignore-installed: every dependency goes into the venv, even one the build host's system
+# site-packages happen to have (python3-yaml here, absent on the host that installs it).
+"${pip[@]}" --ignore-installed "$requirement @ file://$wheel"
+bash "$(dirname "$0")/launcher.sh" "$target"
+"$target/bin/vaccel" --version
+if ((units)); then
+    if [[ -n $destdir ]]; then
+        "$target/bin/vaccel-brokerd" install-units --destdir "$destdir"
+    else
+        "$venv/bin/vaccel-brokerd" install-units
+    fi
+fi
+
+if [[ -n $destdir ]]; then
+    # Staged: the scripts and the venv's own record name where it will run, not the stage;
+    # the bytecode is compiled again with the final paths (tracebacks name real files).
+    grep -rlF --null "$target" "$target/bin" "$target/pyvenv.cfg" | xargs -0 -r sed -i "s|$target|$venv|g"
+    find "$target" -name __pycache__ -type d -prune -exec rm -rf {} +
+    /usr/bin/python3 -m compileall -q -j 0 -s "$destdir" -p / "$target/lib" >/dev/null
+fi
+chmod -R a+rX "$target"
 
 # Every user's `vaccel`; an existing file of another origin is left alone.
-link=/usr/local/bin/vaccel
+link=$destdir/usr/local/bin/vaccel
+mkdir -p "$(dirname "$link")"
 if [[ ! -e $link || -L $link ]]; then
     ln -sfn "$venv/bin/vaccel" "$link"
     echo "install.sh: $link -> $venv/bin/vaccel"
 else
     echo "install.sh: kept $link (not a link); users can run $venv/bin/vaccel"
-fi
-"$venv/bin/vaccel" --version
-
-if ((units)); then
-    "$venv/bin/vaccel-brokerd" install-units
 fi

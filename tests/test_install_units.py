@@ -28,14 +28,18 @@ def test_writes_unit_sysusers_and_config(tmp_path: Path,
     unit = tmp_path / "system" / "vaccel-brokerd.service"
     sysusers = tmp_path / "sysusers.d" / "vaccel.conf"
     config = tmp_path / "etc" / "brokerd.toml"
-    assert written == [unit, sysusers, config]
+    dropin = tmp_path / "system" / "vaccel-brokerd.service.d" / "50-features.conf"
+    assert written == [unit, sysusers, config, dropin]
     text = unit.read_text()
     assert "\nExecStart=/opt/vaccel/bin/vaccel-brokerd\n" in text
     assert "/usr/bin/vaccel-brokerd\n" not in text.replace("# ", "")
-    # Everything but ExecStart= is the shipped unit, byte for byte.
+    # Everything but the executable of ExecStart= and ExecReload= is the shipped unit, byte for byte.
     shipped = (REPO / "systemd" / "vaccel-brokerd.service").read_text()
-    assert text == shipped.replace("ExecStart=/usr/bin/vaccel-brokerd",
-                                   "ExecStart=/opt/vaccel/bin/vaccel-brokerd")
+    expected = shipped.replace("ExecStart=/usr/bin/vaccel-brokerd", "ExecStart=/opt/vaccel/bin/vaccel-brokerd")
+    assert text == expected.replace("ExecReload=-+/usr/bin/vaccel-brokerd",
+                                    "ExecReload=-+/opt/vaccel/bin/vaccel-brokerd")
+    # The example config turns on nothing that needs more than the unit: the drop-in says so.
+    assert "[Service]\n\n# Nothing" in dropin.read_text()
     assert sysusers.read_text() == (REPO / "systemd" / "vaccel.sysusers").read_text()
     assert config.read_text() == (REPO / "examples" / "brokerd.toml").read_text()
     for path in written:

@@ -255,9 +255,31 @@ def test_init_failures(
 
 def test_missing_package(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "amdsmi", None)
+    monkeypatch.setattr("brokerd.devices.probes.amd.library_loads", lambda name: name == "libamd_smi.so")
     result = AmdSmiProbe().probe()
     assert not result.verdict.available
-    assert result.verdict.reason.startswith("amdsmi is not installed")
+    assert result.verdict.reason.startswith("libamd_smi.so is present but amdsmi, its Python binding, is not installed")
+
+
+def test_without_binding_nor_rocm_the_library_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "amdsmi", None)
+    monkeypatch.setattr("brokerd.devices.probes.amd.library_loads", lambda name: False)
+    result = AmdSmiProbe(rocm_root=tmp_path).probe()
+    assert result.verdict.reason.startswith("libamd_smi.so not found: ROCm's amd-smi library is not installed")
+
+
+def test_the_real_binding_without_rocm_names_the_library_and_prints_nothing(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """amdsmi 7's wrapper prints a line and fails with KeyError at import without libamd_smi.so."""
+    package = tmp_path / "amdsmi"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        "print('Unable to find libamd_smi.so library')\n_libraries = {}\n_libraries['libamd_smi.so']\n")
+    monkeypatch.delitem(sys.modules, "amdsmi", raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = AmdSmiProbe().probe()
+    assert result.verdict.reason.startswith("libamd_smi.so not found")
+    assert capsys.readouterr().out == ""
 
 
 def test_missing_shared_library(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

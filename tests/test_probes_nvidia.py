@@ -295,9 +295,19 @@ def test_init_failures_become_plain_word_verdicts(
 
 def test_missing_python_package(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)  # makes `import pynvml` fail
+    monkeypatch.setattr("brokerd.devices.probes.nvidia.library_loads", lambda name: name == "libnvidia-ml.so.1")
     result = NvmlProbe().probe()
     assert not result.verdict.available
-    assert "nvidia-ml-py is not installed" in result.verdict.reason
+    assert "libnvidia-ml.so.1 is present but its Python binding nvidia-ml-py is not installed" in result.verdict.reason
+
+
+def test_without_binding_nor_driver_the_driver_library_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the host lacks is the driver (issue 41): its library, not the Python package."""
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    monkeypatch.setattr("brokerd.devices.probes.nvidia.library_loads", lambda name: False)
+    result = NvmlProbe().probe()
+    assert result.verdict.reason.startswith("libnvidia-ml.so.1 not found: the NVIDIA driver is not installed")
+    assert "nvidia-ml-py" not in result.verdict.reason
 
 
 def test_real_binding_without_a_driver_says_library_not_found(

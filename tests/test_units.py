@@ -75,7 +75,8 @@ def test_service_contract() -> None:
     expected = {
         "Type": ["notify"], "NotifyAccess": ["main"], "WatchdogSec": ["30s"],
         "Restart": ["on-failure"], "ExecStart": ["/usr/bin/vaccel-brokerd"],
-        "ExecReload": ["/bin/kill -HUP $MAINPID"], "KillSignal": ["SIGTERM"],
+        "ExecReload": ["-+/usr/bin/vaccel-brokerd write-unit-dropin", "/bin/kill -HUP $MAINPID"],
+        "KillSignal": ["SIGTERM"],
         "RuntimeDirectory": ["vaccel"], "RuntimeDirectoryMode": ["0755"],
         "StateDirectory": ["vaccel"], "StateDirectoryMode": ["0700"],
         "ConfigurationDirectory": ["vaccel"],

@@ -132,9 +132,10 @@ def _client_key(sock: socket.socket | None) -> str:
     if uid is not None:
         return f"uid {uid}"
     address = ipaddress.ip_address(peer[0])
-    if address.version == 6 and address.ipv4_mapped is None:
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None  # IPv4Address has none
+    if address.version == 6 and mapped is None:
         return f"address {ipaddress.ip_network(f'{address}/64', strict=False)}"
-    return f"address {address.ipv4_mapped or address}"
+    return f"address {mapped or address}"
 
 
 class _ClientMistakes(logging.LoggerAdapter):  # type: ignore[type-arg]

@@ -18,6 +18,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from brokerd.config.loader import ConfigError, load_config
+from brokerd.daemon.unit_needs import DROPIN, write_dropin
+
 UNIT_NAME = "vaccel-brokerd.service"
 SYSUSERS_NAME = "vaccel.conf"
 CONFIG_NAME = "brokerd.toml"
@@ -87,7 +90,8 @@ def render_unit(text: str, exec_path: str) -> str:
     rendered, count = re.subn(r"(?m)^ExecStart=\S+", lambda _: f"ExecStart={exec_path}", text)
     if count != 1:
         raise InstallError(f"the packaged unit has {count} ExecStart= lines, expected 1")
-    return rendered
+    # ExecReload= runs the same executable (write-unit-dropin), behind its prefixes.
+    return re.sub(r"(?m)^(ExecReload=[-+@!:]*)/usr/bin/vaccel-brokerd\b", lambda m: m[1] + exec_path, rendered)
 
 
 def _write(path: Path, text: str) -> Path:
@@ -105,9 +109,11 @@ def install_units(
     exec_path: str | None = None,
     config_dir: Path = Path("/etc/vaccel"),
     sysusers_dir: Path = _SYSTEM_SYSUSERS_DIR,
+    root: Path = Path("/"),
 ) -> list[Path]:
     """Install the unit into `dest`, the sysusers.d snippet into `sysusers_dir` and, when
-    `config_dir` has no brokerd.toml yet, the documented example configuration.
+    `config_dir` has no brokerd.toml yet, the documented example configuration; then the
+    drop-in with what that configuration's features need (folders it opens made under `root`).
 
     Returns the files written. An existing configuration is never overwritten. When the
     snippet lands in the system's /etc/sysusers.d, systemd-sysusers runs so that the
@@ -121,6 +127,13 @@ def install_units(
     config = config_dir / CONFIG_NAME
     if not config.exists():
         written.append(_write(config, _source("config").read_text()))
+    # What the configured features need beyond the unit (brokerd/daemon/unit_needs.py).
+    dropin = dest / f"{UNIT_NAME}.d" / DROPIN.name
+    try:
+        write_dropin(load_config(config, {}), dropin, root=root)
+        written.append(dropin)
+    except ConfigError as exc:
+        print(f"no drop-in written: {exc}; fix it, then run `vaccel-brokerd write-unit-dropin`")
     for path in written:
         print(f"installed {path}")
     if config not in written:

@@ -24,7 +24,7 @@ import grpc
 from brokerd.base.journal import log_event, setup_logging
 from brokerd.config.loader import Config, ConfigError, load_config
 from brokerd.core.service import BrokerService
-from brokerd.daemon import addons
+from brokerd.daemon import addons, unit_needs
 from brokerd.daemon.notify import Notifier, StatusLine
 from brokerd.devices.model import Snapshot
 from brokerd.devices.probes import default_probes, run_probes
@@ -138,6 +138,9 @@ class Daemon:
         except ValueError as exc:  # a bad simulated inventory file
             store.close()
             raise StartupError(str(exc)) from exc
+        # A feature the unit blocks is refused here, named with its setting, before it could log
+        # that it serves (brokerd/daemon/unit_needs.py).
+        config = self.config = unit_needs.refuse_blocked(config)
         service = BrokerService(config, store, snapshot, refresh=source)
         added = addons.plug_in(config, service)
         service.restore(active, ended, drained)
@@ -218,7 +221,12 @@ class Daemon:
             # Read once at start-up (the sockets, the token authority, the state): these
             # keep their running values until a restart, and every reload says so.
             immovable = [k for k in RESTART_ONLY if getattr(new, k) != getattr(self.config, k)]
+            # A feature newly turned on that the running unit blocks is refused now, in one line
+            # naming the setting; the rest of the restart-only changes are listed below.
+            allowed = unit_needs.refuse_blocked(new, moment="reload", only={RESTART_ONLY[k] for k in immovable})
+            refused = {k for k in immovable if getattr(allowed, k) != getattr(new, k)}
             new = dataclasses.replace(new, **{k: getattr(self.config, k) for k in immovable})
+            immovable = [k for k in immovable if k not in refused]
             self.config = new
             service.reconfigure(new)
             setup_logging(new.log_level)

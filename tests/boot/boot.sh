@@ -2,7 +2,7 @@
 # Boot the cached root with a real systemd as PID 1 of a systemd-nspawn container and let
 # vaccel-boot-test.service (inside.sh) run the scenario; it powers the container off.
 #
-#   boot.sh ROOT_TARBALL WHEELHOUSE OUT_DIR [TIMEOUT_S]
+#   boot.sh ROOT_TARBALL DEBS_DIR OUT_DIR [TIMEOUT_S]
 #
 # The recipe (measured on these machines, ../shared/notes/systemd-boot-test.md): a private
 # mount namespace with a tmpfs over /run (the host's /run is on disk and nspawn keeps
@@ -11,8 +11,8 @@
 # The console log lands in OUT_DIR/console.log.
 set -euo pipefail
 
-tarball=${1:?usage: boot.sh ROOT_TARBALL WHEELHOUSE OUT_DIR [TIMEOUT_S]}
-wheels=$(realpath "${2:?}")
+tarball=${1:?usage: boot.sh ROOT_TARBALL DEBS_DIR OUT_DIR [TIMEOUT_S]}
+debs=$(realpath "${2:?}")
 out=$(realpath "${3:?}")
 timeout_s=${4:-300}
 here=$(dirname "$(realpath "$0")")
@@ -59,7 +59,7 @@ status=0
             exec "$@"' nspawn \
         systemd-nspawn -D "$work/root" -b -M "$machine" \
             --private-network --register=no --keep-unit --console=read-only \
-            --bind-ro="$wheels:/mnt/wheels" \
+            --bind-ro="$debs:/mnt/debs" \
             --bind-ro="$here:/mnt/boot" \
             --bind-ro="$here/../../scripts/install.sh:/mnt/install.sh" \
             --bind-ro="$here/../../scripts/launcher.sh:/mnt/launcher.sh" \

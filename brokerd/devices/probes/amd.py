@@ -10,11 +10,12 @@ amdsmi packages lack some names (AMDSMI_STATUS_DRIVER_NOT_LOADED).
 from __future__ import annotations
 
 import contextlib
+import io
 from pathlib import Path
 from typing import Any
 
 from brokerd.devices.model import Device, GpuProcess, ProbeResult, ProbeVerdict
-from brokerd.devices.probes.base import FieldLog, FieldReader, Unavailable, unavailable
+from brokerd.devices.probes.base import FieldLog, FieldReader, Unavailable, library_loads, unavailable
 from brokerd.devices.probes.drm import render_nodes
 
 MIB = 1024 * 1024
@@ -28,6 +29,9 @@ _NOT_FOUND = 31
 _NOT_INIT = 32
 _DRIVER_NOT_LOADED = 34
 
+AMD_SMI_LIBRARY = "libamd_smi.so"  # ROCm's (amd-smi-lib), what the amdsmi binding loads
+_NO_LIBRARY = (f"{AMD_SMI_LIBRARY} not found: ROCm's amd-smi library is not installed "
+               "(amd-smi-lib from ROCm's repository, into /opt/rocm/lib)")
 _INIT_REASONS = {
     _DRIVER_NOT_LOADED: "amdgpu driver not loaded (try `modprobe amdgpu`; see `dmesg`)",
     _FAIL_LOAD_MODULE: "amdgpu driver not loaded: amdsmi could not open the kernel module",
@@ -109,16 +113,20 @@ class AmdSmiProbe:
 
     def probe(self) -> ProbeResult:
         try:
-            import amdsmi
+            # amdsmi's wrapper loads libamd_smi.so at import and prints to stdout when it cannot
+            # (which would land in `--probe --json`), then fails with OSError or KeyError.
+            with contextlib.redirect_stdout(io.StringIO()):
+                import amdsmi
         except ImportError:
+            if not library_loads(AMD_SMI_LIBRARY) and not (self.rocm_root / "lib" / AMD_SMI_LIBRARY).exists():
+                return unavailable(self.vendor, _NO_LIBRARY)
             return unavailable(
                 self.vendor,
-                "amdsmi is not installed (it ships with ROCm: "
-                "pip install /opt/rocm/share/amd_smi, or vaccel[amd])",
+                f"{AMD_SMI_LIBRARY} is present but amdsmi, its Python binding, is not installed beside the "
+                "broker (the vaccel package ships it; pip: vaccel[amd], or pip install /opt/rocm/share/amd_smi)",
             )
-        except OSError as exc:
-            return unavailable(self.vendor, f"libamd_smi.so not found: ROCm's amd-smi library "
-                               f"is not installed ({exc})")
+        except (OSError, KeyError) as exc:
+            return unavailable(self.vendor, f"{_NO_LIBRARY} ({type(exc).__name__}: {exc})")
         try:
             amdsmi.amdsmi_init()
         except amdsmi.AmdSmiException as exc:

@@ -20,6 +20,18 @@ class Probe(Protocol):
         ...
 
 
+def library_loads(name: str) -> bool:
+    """Whether the dynamic loader finds the shared library `name` (a driver's management
+    library): what a host lacks is named by it, not by the Python binding that wraps it."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(name)
+    except OSError:
+        return False
+    return True
+
+
 def unavailable(vendor: str, reason: str) -> ProbeResult:
     return ProbeResult(verdict=ProbeVerdict(vendor=vendor, available=False, reason=reason))
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from brokerd.devices.model import Device, GpuProcess, ProbeResult, ProbeVerdict
 from brokerd.devices.probes import nvidia_mig as mig
-from brokerd.devices.probes.base import FieldLog, FieldReader, Unavailable, unavailable
+from brokerd.devices.probes.base import FieldLog, FieldReader, Unavailable, library_loads, unavailable
 
 MIB = 1024 * 1024
 
@@ -34,6 +34,7 @@ _GPU_IS_LOST = 15
 _RESET_REQUIRED = 16
 _LIB_RM_VERSION_MISMATCH = 18
 
+NVML_LIBRARY = "libnvidia-ml.so.1"  # the driver's, what NVML's binding loads
 _INIT_REASONS = {
     _LIBRARY_NOT_FOUND: "libnvidia-ml.so.1 not found: the NVIDIA driver is not installed "
     "(or its libraries are not on the loader path)",
@@ -107,10 +108,11 @@ class NvmlProbe:
         try:
             import pynvml
         except ImportError:
-            return unavailable(
-                self.vendor,
-                "nvidia-ml-py is not installed (pip install nvidia-ml-py, or vaccel[nvidia])",
-            )
+            # What the host lacks first: without the driver's library the binding would not help.
+            if not library_loads(NVML_LIBRARY):
+                return unavailable(self.vendor, _INIT_REASONS[_LIBRARY_NOT_FOUND])
+            return unavailable(self.vendor, f"{NVML_LIBRARY} is present but its Python binding nvidia-ml-py is not "
+                               "installed beside the broker (the vaccel package ships it; pip: vaccel[nvidia])")
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as exc:
