@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from vaccel.cli import build_parser as client_parser
+from vaccel.cli.full import build_parser as client_parser
 
 from brokerd import __version__
 from brokerd.daemon.main import build_parser as broker_parser
