@@ -60,7 +60,9 @@ max_devices = 5
     ("[policy.default]\nmax_devices = 100000\n", 2, "policy.default.max_devices: 100000 is absurd"),
     ("\n[policy.default]\nmax_gpus = 2\n", 3,
      "policy.default.max_gpus: unknown key 'max_gpus'; known keys: max_devices"),
-    ("[policy.default]\ntime_max = \"100y\"\n", 2, "policy.default.time_max: not a duration: '100y'"),
+    # y is a unit since `vaccel report --since 1y` (issue 46): 100 years is absurd, 100q no duration.
+    ("[policy.default]\ntime_max = \"100q\"\n", 2, "policy.default.time_max: not a duration: '100q'"),
+    ("[policy.default]\ntime_max = \"100y\"\n", 2, "policy.default.time_max: '100y' is absurd"),
     ("[policy.default]\ntime_max = \"9999d\"\n", 2, "policy.default.time_max: '9999d' is absurd"),
     ("[policy.default]\ntime_default = \"8d\"\n", 2, "time_default (8d00h) is longer than time_max (7d00h)"),
     ("[policy]\nfair_halflife = \"1h\"\n", 2, "policy.fair_halflife: unknown key 'fair_halflife'"),
