@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import signal
 import socket
 import sys
 import threading
@@ -78,25 +79,31 @@ def malformed() -> dict:
     return out
 
 
-def flood(seconds: float, threads: int) -> dict:
+def flood(threads: int) -> dict:
+    """Check requests from `threads` threads until SIGTERM. Prints one line once the first
+    answer is back (the flood is on), the answers' codes when it stops."""
     spec = large_legal_spec(175)
     facts = pb.ClientFacts(python_version="3.11.4", packages={f"package-number-{i}": "2.0" for i in range(0, 4000, 2)})
     codes: Counter[str] = Counter()
-    stop = time.monotonic() + seconds
+    stopping, answered = threading.Event(), threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
 
     def worker() -> None:
         c = BrokerConnection()
         n = 0
-        while time.monotonic() < stop:
+        while not stopping.is_set():
             # Each one different: the broker remembers a requirement it has made, so a
             # flood of one spec repeated would cost it nothing to refuse.
             n += 1
             request = pb.CheckRequest(runtime_spec_yaml=f"{spec}\n# {threading.get_ident()} {n}\n", client=facts)
             codes[code_of(lambda r=request: c.call("Check", r, timeout=60))] += 1
+            answered.set()
 
     pool = [threading.Thread(target=worker) for _ in range(threads)]
     for t in pool:
         t.start()
+    answered.wait()
+    print(json.dumps({"flooding": True}), flush=True)
     for t in pool:
         t.join()
     return dict(codes)
@@ -262,7 +269,7 @@ def main() -> None:
     if mode == "malformed":
         result = malformed()
     elif mode == "flood":
-        result = flood(float(args[0]), int(args[1]))
+        result = flood(int(args[0]))
     elif mode == "connections":
         result = connections(int(args[0]), float(args[1]))
     elif mode == "inject":

@@ -34,7 +34,6 @@ pytestmark = [
 ]
 
 MAX_RSS_MIB = 400  # python + grpc + a few leases is ~80 MiB; one unbounded bomb was 1.2 GB
-WELL_BEHAVED_BOUND_S = 5.0  # generous for a loaded 2-core CI box; the measured figure is printed
 
 THREE_GPUS = "devices:\n" + "".join(f"""\
   - vendor: nvidia
@@ -73,13 +72,17 @@ def attack(broker: Broker, staged: Path, *args: str, popen: bool = False, user: 
     return json.loads(r.stdout.splitlines()[-1])
 
 
-def bob_gets_a_gpu(broker: Broker, staged: Path) -> float:
+def bob_gets_a_gpu(broker: Broker, staged: Path, during: subprocess.Popen | None = None) -> float:
+    """Bob's `vaccel run --no-wait` is granted (and, `during` an attack that runs until it
+    is stopped, while that attack still runs: he was served, not made to wait it out). No
+    bound in seconds: how long it takes is the machine's load; the figure is printed."""
     start = time.monotonic()
     r = as_user(broker, staged, "vaccel-bob", "run", "--no-wait", "--gpus", "1", "--", "true")
     took = time.monotonic() - start
     print(f"\nwell-behaved `vaccel run --no-wait --gpus 1 -- true` took {took:.2f}s")
     assert r.returncode == 0, r.stderr
-    assert took < WELL_BEHAVED_BOUND_S
+    if during is not None:
+        assert during.poll() is None, "the attack ended before bob was served"
     return took
 
 
@@ -115,12 +118,13 @@ def test_malformed_input_is_invalid_argument_bounded_and_leaves_no_traceback(hos
 
 def test_a_flood_of_large_checks_from_one_user_does_not_starve_another(hostile):
     broker, staged = hostile
-    flood = attack(broker, staged, "flood", "6", "24", popen=True)
+    flood = attack(broker, staged, "flood", "24", popen=True)
     try:
-        time.sleep(1.5)  # the flood is in full swing
-        took = [bob_gets_a_gpu(broker, staged) for _ in range(2)]
+        assert json.loads(flood.stdout.readline()) == {"flooding": True}  # its first answers are back
+        took = [bob_gets_a_gpu(broker, staged, during=flood) for _ in range(2)]
         assert rss_mib(broker) < MAX_RSS_MIB
     finally:
+        flood.terminate()
         out, _ = flood.communicate(timeout=90)
     codes = json.loads(out.splitlines()[-1])
     print(f"flood: {codes}; well-behaved runs meanwhile: {', '.join(f'{t:.2f}s' for t in took)}")
