@@ -143,7 +143,10 @@ def test_vaccel_runs_and_batch_jobs_never_overlap_on_a_device(slurm, delegate, s
     assert any(re.search(r"waiting for Slurm: job \d+ pending \(\w+\), position \d+ of \d+", e) for e in outputs)
 
 
-def test_a_sigkilled_vaccel_run_frees_its_allocation_within_a_second(slurm, delegate, staged):  # noqa: F811
+def test_a_sigkilled_vaccel_run_frees_its_allocation_when_its_death_is_seen(slurm, delegate, staged):  # noqa: F811
+    """The holder's death ends the lease (holder_exited: the broker's watch on its pid, not a
+    heartbeat that stopped coming) and the job is cancelled after it. How long that takes is
+    printed, not asserted: on a loaded machine it is the scheduler's (issue 44, item 4)."""
     holder = _run_as(delegate, staged, "vaccel-alice", "run", "--", "sh", "-c", "echo $VACCEL_LEASE_ID; sleep 60",
                      popen=True)
     lease_id = holder.stdout.readline().strip()
@@ -161,8 +164,8 @@ def test_a_sigkilled_vaccel_run_frees_its_allocation_within_a_second(slurm, dele
     ended_at, cancelled_at = float(match.group(1)), float(match.group(2))
     print(f"\nSIGKILL -> lease ended {(ended_at - killed_at) * 1000:.0f} ms, -> scancel done "
           f"{(cancelled_at - killed_at) * 1000:.0f} ms, -> squeue shows it gone {seen_gone * 1000:.0f} ms")
-    assert cancelled_at - killed_at < 1.0
-    assert "holder_exited" in delegate.log.read_text()
+    assert killed_at <= ended_at <= cancelled_at
+    assert re.search(rf"{lease_id}\b.*holder_exited|holder_exited.*{lease_id}\b", delegate.log.read_text())
 
 
 def test_a_contract_the_granted_gpu_cannot_meet_fails_before_the_job_computes(slurm, delegate, staged):  # noqa: F811
