@@ -25,8 +25,7 @@ import io
 import os
 import pwd
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from vaccel.containers.engine_command import ContainerRefused, ContainerRun
 from vaccel_common.backends import backend, container_runtime_env
@@ -39,16 +38,14 @@ USER_LABEL = "org.vaccel.user"
 DEVICES_LABEL = "org.vaccel.devices"  # the leased UUIDs: what `vaccel run -- docker start` leases again
 
 
-@dataclass(frozen=True)
-class LeasedDevice:
+class LeasedDevice(NamedTuple):
     index: int
     uuid: str
     visible_id: str  # what the backend's visible-devices variable takes on the host
     device_nodes: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class ContainerLease:
+class ContainerLease(NamedTuple):
     """What of a lease a container needs (from a `vaccel.session.lease.Lease`, or a test's own)."""
 
     lease_id: str

@@ -23,16 +23,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
-
-import grpc
 
 from vaccel.containers import argv as container_argv
 from vaccel.containers.engine_command import ContainerRefused, ContainerRun
+from vaccel.session.grpc_lazy import SideRefusal, grpc
 from vaccel.session.lease import Lease, LeaseError
 from vaccel_common.v1 import broker_pb2 as pb
 
@@ -52,7 +51,7 @@ def run_container(run: ContainerRun, session: LeaseSession, lease: Lease, socket
     if run.detached and lease.joined:
         raise ContainerRefused(f"{run.engine} run -d with --lease: a detached container would hold your "
                                "reservation alone; run it in the foreground, or without --lease")
-    with tempfile.TemporaryDirectory(prefix="vaccel-ct-") as folder:
+    with _private_folder() as folder:
         command, cidfile = container_argv.for_lease(run, lease, socket, folder)
         if run.detached:
             code = supervise(command)
@@ -65,9 +64,43 @@ def run_container(run: ContainerRun, session: LeaseSession, lease: Lease, socket
             code = supervise(command)
         finally:
             namer.stop()
-        if code == 0 and _running(run, _read_id(cidfile)):  # detached from (Ctrl-P Ctrl-Q): it holds the lease
+        if code == 0 and _may_detach(run) and _running(run, _read_id(cidfile)):  # detached from (Ctrl-P Ctrl-Q)
             return _hand_over(run, session, lease, cidfile, warn_signal, "detached: ")
         return code
+
+
+def _may_detach(run: ContainerRun) -> bool:
+    """Whether its user could have detached from the container (Ctrl-P Ctrl-Q): the engine's
+    client reads the detach keys from the container's stdin, so only with stdin attached (-i,
+    or -a stdin). Any other foreground run whose client returned has no container running
+    on: asking its engine would cost every short container another start of the engine's
+    client after its exit (~60 ms, measured by bench/container_overhead.py)."""
+    return run.flag("--interactive") or any(value.lower() == "stdin" for value in run.values("--attach"))
+
+
+@contextmanager
+def _private_folder() -> Iterator[str]:
+    """A new folder only this user may enter, for the engine's --cidfile; removed after, with
+    what the engine wrote in it. (Not tempfile's: importing it costs every container ~10 ms.)"""
+    base = os.environ.get("TMPDIR") or "/tmp"
+    while True:
+        folder = os.path.join(base, f"vaccel-ct-{os.urandom(6).hex()}")
+        try:
+            os.mkdir(folder, 0o700)
+            break
+        except FileExistsError:
+            continue
+        except OSError:  # TMPDIR unusable: tempfile looks in the other usual places
+            import tempfile
+
+            folder = tempfile.mkdtemp(prefix="vaccel-ct-")
+            break
+    try:
+        yield folder
+    finally:
+        for entry in os.scandir(folder):
+            os.unlink(entry.path)
+        os.rmdir(folder)
 
 
 def _running(run: ContainerRun, container: str) -> bool:
@@ -154,7 +187,11 @@ def _attach(run: ContainerRun, session: LeaseSession, lease: Lease, container: s
                                         warn_signal=warn_signal or 0, name=names[-1] if names else "",
                                         image=run.image)
     try:
-        return session.connection.call("AttachContainer", request, timeout=60, retry_unavailable_s=5)
+        return session.connection.call("AttachContainer", request, timeout=60, retry_unavailable_s=5,
+                                       plain_refusal=True)
+    except SideRefusal as exc:  # a short container has often exited already: told so without importing grpc
+        raise LeaseError(f"lease {lease.id} does not follow container {container[:12]}: {exc.details}",
+                         exc.code) from None
     except grpc.RpcError as exc:
         raise LeaseError(f"lease {lease.id} does not follow container {container[:12]}: {exc.details()}",
                          exc.code().name.lower()) from None
