@@ -3,7 +3,8 @@ dockerd and a real broker (issue 45: a short container's run cost 1.42x the bare
 bench/container_overhead.py has the figures). Each test pins one cost that is gone:
 - the container is named to the broker (AttachContainer) over the identity socket, as the grant
   and the release are, so the run never imports grpc nor opens a channel (the heartbeat would:
-  the broker here asks for one only every few minutes);
+  the broker here asks for one only every few minutes), whether the run takes the quick path
+  (vaccel/run/quick_container.py) or the full CLI (an option the quick path does not read);
 - once a foreground container's engine client has returned, the engine is asked again whether
   the container still runs only when its user could have detached from it (stdin attached).
 """
@@ -40,8 +41,11 @@ def imported(stderr: str) -> set[str]:
     return {line.rsplit("|", 1)[-1].strip() for line in stderr.splitlines() if line.startswith("import time:")}
 
 
-def test_the_container_is_named_to_the_broker_without_grpc(host: Broker, docker_engine: DockerEngine):
-    command = [sys.executable, "-X", "importtime", "-m", "vaccel.entry", "run", "--",
+@pytest.mark.parametrize("options, path", [([], "vaccel.run.quick_container"),
+                                            (["--wait", "1h"], "vaccel.containers.hold")], ids=["quick", "full-cli"])
+def test_the_container_is_named_to_the_broker_without_grpc(host: Broker, docker_engine: DockerEngine,
+                                                          options: list[str], path: str):
+    command = [sys.executable, "-X", "importtime", "-m", "vaccel.entry", "run", *options, "--",
                *docker_run(docker_engine, "--name", "named-aside", IMAGE, "sleep", "600")]
     run = subprocess.Popen(command, env={**host.env, "DOCKER_HOST": docker_engine.host}, stdout=subprocess.DEVNULL,
                            stderr=subprocess.PIPE, text=True)
@@ -61,7 +65,7 @@ def test_the_container_is_named_to_the_broker_without_grpc(host: Broker, docker_
             run.kill()
             run.wait()
     modules = imported(said)
-    assert "vaccel.containers.hold" in modules  # the container's path ran, and importtime saw it
+    assert path in modules  # that path ran, and importtime saw it
     assert "grpc" not in modules, "the run imported grpc"
     assert run.returncode == 137  # the container's status (killed)
 

@@ -102,6 +102,14 @@ class ContainerRun(NamedTuple):
     def detached(self) -> bool:
         return self.flag("--detach")
 
+    @property
+    def stdin_attached(self) -> bool:
+        """-i, or -a stdin: the engine's client reads the container's stdin, and from it the keys
+        that detach from the container (Ctrl-P Ctrl-Q). Without it a foreground run cannot be
+        detached from: its client's return is the container's end, and the engine need not be
+        asked (bench/container_overhead.py: another start of its client, ~60 ms)."""
+        return self.flag("--interactive") or any(value.lower() == "stdin" for value in self.values("--attach"))
+
     def argv(self, added: list[str]) -> list[str]:
         """The command with `added` after the user's own options (so that where an option is
         single-valued, ours is the one the engine keeps) and before the IMAGE."""

@@ -64,43 +64,19 @@ def run_container(run: ContainerRun, session: LeaseSession, lease: Lease, socket
             code = supervise(command)
         finally:
             namer.stop()
-        if code == 0 and _may_detach(run) and _running(run, _read_id(cidfile)):  # detached from (Ctrl-P Ctrl-Q)
+        # Detached from (Ctrl-P Ctrl-Q, read from stdin): the container runs on and holds the lease.
+        if code == 0 and run.stdin_attached and _running(run, container_argv.read_id(cidfile)):
             return _hand_over(run, session, lease, cidfile, warn_signal, "detached: ")
         return code
 
 
-def _may_detach(run: ContainerRun) -> bool:
-    """Whether its user could have detached from the container (Ctrl-P Ctrl-Q): the engine's
-    client reads the detach keys from the container's stdin, so only with stdin attached (-i,
-    or -a stdin). Any other foreground run whose client returned has no container running
-    on: asking its engine would cost every short container another start of the engine's
-    client after its exit (~60 ms, measured by bench/container_overhead.py)."""
-    return run.flag("--interactive") or any(value.lower() == "stdin" for value in run.values("--attach"))
-
-
 @contextmanager
 def _private_folder() -> Iterator[str]:
-    """A new folder only this user may enter, for the engine's --cidfile; removed after, with
-    what the engine wrote in it. (Not tempfile's: importing it costs every container ~10 ms.)"""
-    base = os.environ.get("TMPDIR") or "/tmp"
-    while True:
-        folder = os.path.join(base, f"vaccel-ct-{os.urandom(6).hex()}")
-        try:
-            os.mkdir(folder, 0o700)
-            break
-        except FileExistsError:
-            continue
-        except OSError:  # TMPDIR unusable: tempfile looks in the other usual places
-            import tempfile
-
-            folder = tempfile.mkdtemp(prefix="vaccel-ct-")
-            break
+    folder = container_argv.private_folder()
     try:
         yield folder
     finally:
-        for entry in os.scandir(folder):
-            os.unlink(entry.path)
-        os.rmdir(folder)
+        container_argv.remove_folder(folder)
 
 
 def _running(run: ContainerRun, container: str) -> bool:
@@ -115,7 +91,7 @@ def _running(run: ContainerRun, container: str) -> bool:
 def _hand_over(run: ContainerRun, session: LeaseSession, lease: Lease, cidfile: str, warn_signal: int | None,
                how: str = "") -> int:
     """A detached container runs: make it the lease's holder, or remove it and say why."""
-    container = _read_id(cidfile)
+    container = container_argv.read_id(cidfile)
     try:
         held = _attach(run, session, lease, container, warn_signal, held=True, wait_s=INIT_WAIT_S)
     except LeaseError as exc:
@@ -146,7 +122,7 @@ class _Namer(threading.Thread):
         deadline = time.monotonic() + CREATE_WAIT_S
         wait = 0.01
         while not self._done.wait(wait) and time.monotonic() < deadline:
-            container = _read_id(self.cidfile)
+            container = container_argv.read_id(self.cidfile)
             if container:
                 try:
                     _attach(self.container_run, self.session, self.lease, container, self.warn_signal, held=False,
@@ -163,14 +139,6 @@ class _Namer(threading.Thread):
 
     def stop(self) -> None:
         self._done.set()
-
-
-def _read_id(cidfile: str) -> str:
-    try:
-        with open(cidfile) as f:
-            return f.read().strip()
-    except OSError:
-        return ""
 
 
 def _attach(run: ContainerRun, session: LeaseSession, lease: Lease, container: str, warn_signal: int | None, *,
