@@ -146,8 +146,8 @@ def phases(lines: list[str], broker_socket: str, engine_socket: str) -> list[tup
     programs: dict[str, str] = {}
     first = None
 
-    def note(pid: str, at: float, what: str) -> None:
-        if (pid, what) not in seen:
+    def note(pid: str, at: float, what: str, again: bool = False) -> None:
+        if again or (pid, what) not in seen:
             seen.add((pid, what))
             events.append((at - (first or at), f"{programs.get(pid, 'vaccel')}[{pid}]: {what}"))
 
@@ -167,7 +167,7 @@ def phases(lines: list[str], broker_socket: str, engine_socket: str) -> list[tup
             for socket_path, name in ((broker_socket + ".id", "identity socket (a side call)"),
                                       (broker_socket, "broker's gRPC socket"), (engine_socket, "engine socket")):
                 if f'"{socket_path}"' in call:
-                    note(pid, at, f"connect {name}")
+                    note(pid, at, f"connect {name}", again=name.startswith("identity"))  # grant, then release
                     break
         elif call.startswith("exit_group("):
             note(pid, at, "exit")
