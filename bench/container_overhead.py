@@ -211,6 +211,10 @@ def run(runs: int, baseline: Path | None, breakdown: bool) -> dict[str, Any]:
         if breakdown:
             result["trace"] = trace(quiet, env, str(broker.socket), str(engine.socket))
             result["importtime"] = importtime(quiet, env)
+            for name, more in extra.items():  # the baseline's, the same way
+                result["baseline_trace"] = trace(quiet, {**env, **more}, str(broker.socket), str(engine.socket))
+                result["baseline_importtime"] = importtime(quiet, {**env, **more})
+                result["baseline"] = name
     finally:
         if broker is not None:
             broker.stop()
@@ -232,16 +236,17 @@ def render(result: dict[str, Any]) -> str:
     for name, row in result["figures"].items():
         lines.append(f"{name:<58}{row['p50_ms']:>9.1f}{row['p90_ms']:>9.1f}{row['min_ms']:>9.1f}"
                      f"{row['minus_bare_ms']:>8.1f}{row['x_bare']:>7.2f}x")
-    if "trace" in result:
-        lines += ["", "one traced `vaccel run -q` (strace -f: every traced call is slower; read the phases as shares)",
+    for key, whose in (("", "`vaccel run -q`"), ("baseline_", f"`{result.get('baseline', '')}`")):
+        if f"{key}trace" not in result:
+            continue
+        lines += ["", f"one traced {whose} (strace -f --seccomp-bpf: only these calls stop it)",
                   f"{'ms from exec':>12}  {'+ms':>7}  event"]
         last = 0.0
-        for at, what in result["trace"]:
+        for at, what in result[f"{key}trace"]:
             lines.append(f"{at * 1000:>12.1f}  {(at - last) * 1000:>7.1f}  {what}")
             last = at
-    if "importtime" in result:
-        lines += ["", "python -X importtime of the same command: cumulative ms of the slowest imports"]
-        lines += [f"{ms:>9.1f}  {name}" for ms, name in result["importtime"]]
+        lines += ["", f"python -X importtime of {whose}: cumulative ms of the slowest imports"]
+        lines += [f"{ms:>9.1f}  {name}" for ms, name in result[f"{key}importtime"]]
     return "\n".join(lines)
 
 
