@@ -193,3 +193,29 @@ def test_once_a_connection_has_a_channel_its_calls_use_it(broker: Broker):
     assert conn._channel is not None
     assert conn.side_call("Status", pb.StatusRequest(), timeout=10) is None
     assert conn.call("Status", pb.StatusRequest()).devices
+
+
+def test_a_plain_refusal_is_the_one_grpc_would_raise_without_importing_grpc(broker: Broker):
+    """Issue 45: a caller that is refused in the normal run of things (a release after the
+    container's exit ended the lease) hears it without paying for grpc's import."""
+    import grpc
+    from vaccel.session.grpc_lazy import SideRefusal
+
+    for status in grpc.StatusCode:
+        assert SideRefusal(status.value[0], "x").code == status.name.lower()
+    conn = BrokerConnection(broker.socket, side_calls=True)
+    lease = conn.call("TryAcquire", pb.AcquireRequest(gpus=1, command="side")).granted
+    conn.call("Release", pb.ReleaseRequest(lease_id=lease.id))
+    try:
+        conn.call("Release", pb.ReleaseRequest(lease_id=lease.id), plain_refusal=True)
+    except SideRefusal as refusal:
+        told = refusal
+    else:
+        raise AssertionError("a second release was not refused")
+    try:
+        conn.call("Release", pb.ReleaseRequest(lease_id=lease.id))
+    except grpc.RpcError as exc:
+        assert (told.code, told.details) == (exc.code().name.lower(), exc.details())
+    else:
+        raise AssertionError("a third release was not refused")
+    assert conn._channel is None

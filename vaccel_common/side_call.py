@@ -40,8 +40,10 @@ import time
 
 # Views: the rendered reply of the method each names.
 VIEWS = {"StatusText": "Status", "StatusJson": "Status", "RunNow": "TryAcquire"}
-# Unary calls a short-lived client makes; each is answered at once.
-METHODS = frozenset({"TryAcquire", "Release", "Status", *VIEWS})
+# Unary calls a short-lived client makes; each is answered at once (AttachContainer once the
+# broker has confirmed the container with its engine: `vaccel run -- docker run` names its
+# container this way, and a short container's run then never imports grpc).
+METHODS = frozenset({"TryAcquire", "Release", "Status", "AttachContainer", *VIEWS})
 CLOCK_WIDTH = 5  # a marked clock is "HH:MM"
 # A bigger request (a large contract file) takes the gRPC path: this bounds what one
 # waiting connection can make the daemon hold.

@@ -25,8 +25,7 @@ import io
 import os
 import pwd
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from vaccel.containers.engine_command import ContainerRefused, ContainerRun
 from vaccel_common.backends import backend, container_runtime_env
@@ -39,16 +38,14 @@ USER_LABEL = "org.vaccel.user"
 DEVICES_LABEL = "org.vaccel.devices"  # the leased UUIDs: what `vaccel run -- docker start` leases again
 
 
-@dataclass(frozen=True)
-class LeasedDevice:
+class LeasedDevice(NamedTuple):
     index: int
     uuid: str
     visible_id: str  # what the backend's visible-devices variable takes on the host
     device_nodes: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class ContainerLease:
+class ContainerLease(NamedTuple):
     """What of a lease a container needs (from a `vaccel.session.lease.Lease`, or a test's own)."""
 
     lease_id: str
@@ -65,14 +62,51 @@ class ContainerLease:
         return cls(lease.id, user, lease.backend, lease.simulated, devices, dict(lease.env), os.path.abspath(socket))
 
 
+def user_name() -> str:
+    """This process's user, as the container's label names it."""
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
+
+
 def for_lease(run: ContainerRun, lease: Lease, socket: str, folder: str) -> tuple[list[str], str]:
     """`apply` for a granted lease of this process's user, with the
     container id to be written in `folder` (private, empty)."""
+    return apply(run, ContainerLease.of(lease, socket, user_name()), os.path.join(folder, "container-id"))
+
+
+def private_folder() -> str:
+    """A new folder only this user may enter, for the engine's --cidfile (remove_folder removes
+    it). Not tempfile's: importing it costs every container's run ~10 ms."""
+    base = os.environ.get("TMPDIR") or "/tmp"
+    while True:
+        try:
+            folder = os.path.join(base, f"vaccel-ct-{os.urandom(6).hex()}")
+            os.mkdir(folder, 0o700)
+            return folder
+        except FileExistsError:
+            continue
+        except OSError:  # TMPDIR unusable: tempfile looks in the other usual places
+            import tempfile
+
+            return tempfile.mkdtemp(prefix="vaccel-ct-")
+
+
+def remove_folder(folder: str) -> None:
+    """Remove a private_folder and what the engine wrote in it."""
+    for entry in os.scandir(folder):
+        os.unlink(entry.path)
+    os.rmdir(folder)
+
+
+def read_id(cidfile: str) -> str:
+    """The container's id its engine wrote in the --cidfile ("" until then)."""
     try:
-        user = pwd.getpwuid(os.getuid()).pw_name
-    except KeyError:
-        user = str(os.getuid())
-    return apply(run, ContainerLease.of(lease, socket, user), os.path.join(folder, "container-id"))
+        with open(cidfile) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def apply(run: ContainerRun, lease: ContainerLease, cidfile: str) -> tuple[list[str], str]:

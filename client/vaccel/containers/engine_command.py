@@ -16,7 +16,7 @@ What is refused for the lease's sake is container_rules.py's; the rewrite, conta
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from vaccel.containers import options as opts
 from vaccel.session.lease import LeaseError
@@ -34,15 +34,13 @@ class ContainerRefused(LeaseError, ValueError):
         super().__init__(message, "invalid_argument")
 
 
-@dataclass(frozen=True)
-class _Syntax:
+class _Syntax(NamedTuple):
     value: frozenset[str]  # long options that take a value
     flags: frozenset[str]  # long options that do not
     short: dict[str, str]  # one letter -> its long option
 
 
-@dataclass(frozen=True)
-class _Engine:
+class _Engine(NamedTuple):
     name: str
     global_options: _Syntax
     run_options: _Syntax
@@ -56,8 +54,7 @@ _PODMAN = _Engine("podman", _Syntax(opts.PODMAN_GLOBAL_VALUE, opts.PODMAN_GLOBAL
 ENGINE_PROGRAMS = {"docker": _DOCKER, "podman": _PODMAN, "podman-remote": _PODMAN}
 
 
-@dataclass(frozen=True)
-class Option:
+class Option(NamedTuple):
     """One option as given: its long name, its value (None for a flag written without one)
     and how the user spelt it (for messages)."""
 
@@ -71,8 +68,7 @@ class Option:
         return self.value is None or self.value in _TRUE
 
 
-@dataclass(frozen=True)
-class ContainerRun:
+class ContainerRun(NamedTuple):
     """A container engine's `run` command, read. The words are kept as given, so the command
     can be rebuilt with options added and nothing of the user's changed."""
 
@@ -105,6 +101,14 @@ class ContainerRun:
     @property
     def detached(self) -> bool:
         return self.flag("--detach")
+
+    @property
+    def stdin_attached(self) -> bool:
+        """-i, or -a stdin: the engine's client reads the container's stdin, and from it the keys
+        that detach from the container (Ctrl-P Ctrl-Q). Without it a foreground run cannot be
+        detached from: its client's return is the container's end, and the engine need not be
+        asked (bench/container_overhead.py: another start of its client, ~60 ms)."""
+        return self.flag("--interactive") or any(value.lower() == "stdin" for value in self.values("--attach"))
 
     def argv(self, added: list[str]) -> list[str]:
         """The command with `added` after the user's own options (so that where an option is

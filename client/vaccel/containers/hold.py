@@ -23,16 +23,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
-
-import grpc
 
 from vaccel.containers import argv as container_argv
 from vaccel.containers.engine_command import ContainerRefused, ContainerRun
+from vaccel.session.grpc_lazy import SideRefusal, grpc
 from vaccel.session.lease import Lease, LeaseError
 from vaccel_common.v1 import broker_pb2 as pb
 
@@ -52,7 +51,7 @@ def run_container(run: ContainerRun, session: LeaseSession, lease: Lease, socket
     if run.detached and lease.joined:
         raise ContainerRefused(f"{run.engine} run -d with --lease: a detached container would hold your "
                                "reservation alone; run it in the foreground, or without --lease")
-    with tempfile.TemporaryDirectory(prefix="vaccel-ct-") as folder:
+    with _private_folder() as folder:
         command, cidfile = container_argv.for_lease(run, lease, socket, folder)
         if run.detached:
             code = supervise(command)
@@ -65,9 +64,19 @@ def run_container(run: ContainerRun, session: LeaseSession, lease: Lease, socket
             code = supervise(command)
         finally:
             namer.stop()
-        if code == 0 and _running(run, _read_id(cidfile)):  # detached from (Ctrl-P Ctrl-Q): it holds the lease
+        # Detached from (Ctrl-P Ctrl-Q, read from stdin): the container runs on and holds the lease.
+        if code == 0 and run.stdin_attached and _running(run, container_argv.read_id(cidfile)):
             return _hand_over(run, session, lease, cidfile, warn_signal, "detached: ")
         return code
+
+
+@contextmanager
+def _private_folder() -> Iterator[str]:
+    folder = container_argv.private_folder()
+    try:
+        yield folder
+    finally:
+        container_argv.remove_folder(folder)
 
 
 def _running(run: ContainerRun, container: str) -> bool:
@@ -82,7 +91,7 @@ def _running(run: ContainerRun, container: str) -> bool:
 def _hand_over(run: ContainerRun, session: LeaseSession, lease: Lease, cidfile: str, warn_signal: int | None,
                how: str = "") -> int:
     """A detached container runs: make it the lease's holder, or remove it and say why."""
-    container = _read_id(cidfile)
+    container = container_argv.read_id(cidfile)
     try:
         held = _attach(run, session, lease, container, warn_signal, held=True, wait_s=INIT_WAIT_S)
     except LeaseError as exc:
@@ -113,7 +122,7 @@ class _Namer(threading.Thread):
         deadline = time.monotonic() + CREATE_WAIT_S
         wait = 0.01
         while not self._done.wait(wait) and time.monotonic() < deadline:
-            container = _read_id(self.cidfile)
+            container = container_argv.read_id(self.cidfile)
             if container:
                 try:
                     _attach(self.container_run, self.session, self.lease, container, self.warn_signal, held=False,
@@ -132,14 +141,6 @@ class _Namer(threading.Thread):
         self._done.set()
 
 
-def _read_id(cidfile: str) -> str:
-    try:
-        with open(cidfile) as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
 def _attach(run: ContainerRun, session: LeaseSession, lease: Lease, container: str, warn_signal: int | None, *,
             held: bool, wait_s: float = INIT_WAIT_S, stop: threading.Event | None = None) -> pb.Lease:
     """AttachContainer; LeaseError saying why the broker did not apply the lease to it."""
@@ -154,7 +155,11 @@ def _attach(run: ContainerRun, session: LeaseSession, lease: Lease, container: s
                                         warn_signal=warn_signal or 0, name=names[-1] if names else "",
                                         image=run.image)
     try:
-        return session.connection.call("AttachContainer", request, timeout=60, retry_unavailable_s=5)
+        return session.connection.call("AttachContainer", request, timeout=60, retry_unavailable_s=5,
+                                       plain_refusal=True)
+    except SideRefusal as exc:  # a short container has often exited already: told so without importing grpc
+        raise LeaseError(f"lease {lease.id} does not follow container {container[:12]}: {exc.details}",
+                         exc.code) from None
     except grpc.RpcError as exc:
         raise LeaseError(f"lease {lease.id} does not follow container {container[:12]}: {exc.details()}",
                          exc.code().name.lower()) from None

@@ -11,9 +11,7 @@ tutorial (`--gpus all`, `--privileged`) that would silently take other people's 
 from __future__ import annotations
 
 import csv
-import json
 import os
-import subprocess
 from collections.abc import Callable, Iterator
 
 from vaccel.containers.engine_command import ContainerRefused, ContainerRun, Option
@@ -154,7 +152,10 @@ def _mount_fields(value: str) -> list[tuple[str, str]]:
 def _volume_binds(run: ContainerRun, name: str, options: dict[str, str]) -> list[str]:
     """The host path a local volume binds (`type=none,o=bind,device=PATH`), [] for any other.
     Options given inline are the volume's; else the engine's own volume of that name is read."""
-    if not options and name:
+    if not options and name:  # imported here: a run without a named volume (most) need not pay for them
+        import json
+        import subprocess
+
         done = subprocess.run([run.program, *run.global_words, "volume", "inspect", "--format", "{{json .Options}}",
                                name], capture_output=True, text=True, timeout=30, check=False)
         try:

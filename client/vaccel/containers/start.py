@@ -25,15 +25,13 @@ import os
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-import grpc
+from typing import TYPE_CHECKING, NamedTuple
 
 from vaccel.containers import engine_command as containers
 from vaccel.containers.argv import DEVICES_LABEL, USER_LABEL
 from vaccel.containers.engine_command import ContainerRefused, ContainerRun, Option
 from vaccel.containers.hold import INIT_WAIT_S, Supervise, _attach, run_container  # the same call as after a `run`
+from vaccel.session.grpc_lazy import grpc
 from vaccel.session.lease import Lease, LeaseError
 from vaccel_common.v1 import broker_pb2 as pb
 
@@ -49,8 +47,7 @@ _SUBCOMMANDS = {("start",): _START, ("container", "start"): _START, ("restart",)
                 ("container", "restart"): _RESTART}
 
 
-@dataclass(frozen=True)
-class ContainerStart:
+class ContainerStart(NamedTuple):
     """An engine's `start`/`restart` of one container, read, and the container as inspected."""
 
     engine: str
@@ -63,7 +60,7 @@ class ContainerStart:
     container_id: str = ""
     image: str = ""
     devices: tuple[str, ...] = ()  # the UUIDs it was made with
-    options: tuple[Option, ...] = field(default=())
+    options: tuple[Option, ...] = ()
     starts = True  # what vaccel/containers/hold.py dispatches on
 
     def values(self, name: str) -> list[str]:

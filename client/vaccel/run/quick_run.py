@@ -22,7 +22,8 @@ command, Ctrl-C and Ctrl-Z not twice, job control). The command dies with us
 (PR_SET_PDEATHSIG) and the broker frees the lease when our pid ends, as with the runner.
 
 Anything else goes to the full CLI, before anything is asked: another option, a contract
-file in the working directory, a container engine, a command that is not found, inside a
+file in the working directory, a container engine's command other than a foreground `run`
+(vaccel/run/quick_container.py takes those), a command that is not found, inside a
 lease or a Slurm job, a login node in submit mode (vaccel/slurm/submit.py), no answer or a
 refusal from the broker (the full CLI asks again and says it), a request that must wait.
 Imports: _signal (signal would bring enum, ~5 ms), ctypes (prctl: the runner's too), the
@@ -95,7 +96,14 @@ def run(words: list[str]) -> int | None:
     from vaccel_common.paths import client_socket, identity_socket
 
     path = client_socket(socket_arg)
-    if not _plain(command) or not folder_is_safe(path):
+    container = None
+    if os.path.basename(command[0]) in ENGINE_PROGRAMS:  # a container's run: vaccel/run/quick_container.py
+        from vaccel.run import quick_container
+
+        container = quick_container.readable(command)
+        if container is None:
+            return None
+    if not _plain(command, container is not None) or not folder_is_safe(path):
         return None
     from vaccel_common.side_call import acquire_request, release_request, unpacked
 
@@ -116,6 +124,9 @@ def run(words: list[str]) -> int | None:
         except OSError:
             pass  # the broker frees it when this process ends
         return None
+    if container is not None:
+        return quick_container.run_granted(container, fields, env, lines, path, socket_arg, quiet,
+                                           quick_container.Quick(_spawn, _ends_quickly, _release))
     for line in lines:
         print(f"vaccel: {line}", file=sys.stderr, flush=True)
     try:
@@ -145,15 +156,17 @@ def _grant(fields: list[bytes]) -> tuple[list[str], dict[str, str], float]:
     return fields[2].decode().split("\0"), env, min(QUICK_S, float(fields[6]) / 2)
 
 
-def _plain(command: list[str]) -> bool:
+def _plain(command: list[str], container: bool = False) -> bool:
     """Whether the full runner would just lease and run `command`: not inside a lease or a
-    Slurm job, not a login node in submit mode, no contract file here, no container engine,
-    a command that is there (else the full CLI says so, before anything is leased)."""
+    Slurm job, not a login node in submit mode, no contract file here, no container engine
+    (unless `container`: a run vaccel/run/quick_container.py takes), a command that is there
+    (else the full CLI says so, before anything is leased)."""
     from vaccel.run.command_path import CommandNotFound, find_command
 
     if os.environ.get("VACCEL_LEASE_ID") or os.environ.get("SLURM_JOB_ID") or _submit_mode_possible():
         return False
-    if any(os.path.lexists(name) for name in CONTRACT_FILES) or os.path.basename(command[0]) in ENGINE_PROGRAMS:
+    if any(os.path.lexists(name) for name in CONTRACT_FILES) or (
+            os.path.basename(command[0]) in ENGINE_PROGRAMS and not container):
         return False
     try:
         find_command(command[0])

@@ -17,7 +17,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from vaccel.session.grpc_lazy import grpc, side_call_error
+from vaccel.session.grpc_lazy import SideRefusal, grpc, side_call_error
 from vaccel_common.auth import TOKEN_METADATA_KEY
 from vaccel_common.paths import SYSTEM_SOCKET, client_socket, identity_socket
 from vaccel_common.side_call import (
@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 _RENEW_BEFORE_S = 60.0
 _MAX_TOKEN_LINE = 4096
 # What each call served over the identity socket (vaccel_common/side_call.py) answers with.
-_SIDE_REPLIES = {"TryAcquire": pb.AcquireUpdate, "Release": pb.Lease, "Status": pb.StatusReply}
+_SIDE_REPLIES = {"TryAcquire": pb.AcquireUpdate, "Release": pb.Lease, "Status": pb.StatusReply,
+                 "AttachContainer": pb.Lease}
 # After a broker restart the channel must find the new one within a moment, not after
 # gRPC's default reconnect backoff (which grows to two minutes).
 _CHANNEL_OPTIONS = [("grpc.enable_retries", 0), ("grpc.initial_reconnect_backoff_ms", 100),
@@ -163,7 +164,7 @@ class BrokerConnection:
         with self._identity_socket(10) as sock, sock.makefile("rb") as stream:
             self._take_token(stream)
 
-    def side_call(self, method: str, request: Any, timeout: float) -> Any | None:
+    def side_call(self, method: str, request: Any, timeout: float, plain_refusal: bool = False) -> Any | None:
         """`method` over the identity socket (vaccel_common/side_call.py), while this
         connection has no channel (see the class): it may never need one. The reply; or
         the broker's refusal, raised as gRPC raises it (the same servicer code made it, and
@@ -191,7 +192,8 @@ class BrokerConnection:
         if len(payload) != length or code == UNIMPLEMENTED:
             return None
         if code:
-            raise side_call_error(code, payload.decode(errors="replace"))
+            details = payload.decode(errors="replace")
+            raise SideRefusal(code, details) if plain_refusal else side_call_error(code, details)
         try:
             return reply_type.FromString(payload)
         except Exception:  # protobuf's DecodeError: a reply we cannot read is one we did not get
@@ -243,10 +245,12 @@ class BrokerConnection:
     # -- calls -------------------------------------------------------------------------
 
     def call(self, method: str, request: Any, *, timeout: float = 30.0,
-             retry_unavailable_s: float = 0.0) -> Any:
+             retry_unavailable_s: float = 0.0, plain_refusal: bool = False) -> Any:
         """A unary call. A rejected token (daemon restarted with a new key) is renewed once;
-        UNAVAILABLE is retried for `retry_unavailable_s` (a daemon restart takes a moment)."""
-        reply = self.side_call(method, request, timeout)
+        UNAVAILABLE is retried for `retry_unavailable_s` (a daemon restart takes a moment).
+        `plain_refusal`: a refusal heard on the identity socket is raised as SideRefusal
+        (over gRPC it is grpc.RpcError either way)."""
+        reply = self.side_call(method, request, timeout, plain_refusal)
         if reply is not None:
             return reply
         deadline = time.monotonic() + retry_unavailable_s

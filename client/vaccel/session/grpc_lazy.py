@@ -21,6 +21,22 @@ class _LazyGrpc:
 
 grpc: Any = _LazyGrpc()
 _error_class: type | None = None
+# gRPC's status codes by number, as LeaseError's codes spell them.
+_CODE_NAMES = ("ok", "cancelled", "unknown", "invalid_argument", "deadline_exceeded", "not_found", "already_exists",
+               "permission_denied", "resource_exhausted", "failed_precondition", "aborted", "out_of_range",
+               "unimplemented", "internal", "unavailable", "data_loss", "unauthenticated")
+
+
+class SideRefusal(Exception):
+    """The broker's refusal heard on the identity socket, for a caller that asked for it plain
+    (BrokerConnection.call's `plain_refusal`): a call that is refused in the normal run of
+    things (`vaccel run -- docker run IMAGE true` names a container that has exited already)
+    then never imports grpc to be told no. `code`: as LeaseError's ("not_found")."""
+
+    def __init__(self, code: int, details: str) -> None:
+        super().__init__(details)
+        self.code = _CODE_NAMES[code] if 0 <= code < len(_CODE_NAMES) else "unknown"
+        self.details = details
 
 
 def side_call_error(code: int, details: str) -> Exception:

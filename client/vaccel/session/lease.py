@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from vaccel_common.backends import granted_env
 from vaccel_common.units import format_duration
-from vaccel_common.v1 import broker_pb2 as pb
+
+if TYPE_CHECKING:  # only annotations here: the container modules (its LeaseError) need no protobuf
+    from vaccel_common.v1 import broker_pb2 as pb
 
 
 class LeaseError(RuntimeError):

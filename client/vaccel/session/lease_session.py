@@ -30,7 +30,7 @@ from types import TracebackType
 from vaccel.contract.files import ContractFiles
 from vaccel.session.acquisition import Acquisition
 from vaccel.session.connection import BrokerConnection, BrokerUnavailable
-from vaccel.session.grpc_lazy import grpc
+from vaccel.session.grpc_lazy import SideRefusal, grpc
 from vaccel.session.lease import Lease, LeaseEnding, LeaseError, ended_reason
 from vaccel.session.request import LeaseRequest, time_limit_s, wait_fields  # noqa: F401 (callers import them here)
 from vaccel_common.ending_notice import warning_lead_s
@@ -208,7 +208,12 @@ class LeaseSession:
         current.mark_released()
         try:
             self.connection.call("Release", pb.ReleaseRequest(lease_id=current.id),
-                                 timeout=10, retry_unavailable_s=5)
+                                 timeout=10, retry_unavailable_s=5, plain_refusal=True)
+        except SideRefusal as err:  # a lease its container's exit ended: no grpc imported to hear so
+            if err.code.upper() not in _ALREADY_ENDED:
+                self._say(f"could not release lease {current.id} ({err.details}); "
+                          "the broker reclaims it when this process exits")
+            return False
         except grpc.RpcError as err:
             if err.code().name not in _ALREADY_ENDED:
                 self._say(f"could not release lease {current.id} ({err.details()}); "
