@@ -284,7 +284,7 @@ def test_an_unknown_slurm_mode_stops_the_start_naming_file_and_key(tmp_path):
 
     path = tmp_path / "brokerd.toml"
     path.write_text('[slurm]\nmode = "delegated"\n')
-    with pytest.raises(ConfigError, match=rf"{path}: slurm.mode must be 'off', 'delegate' or 'submit'"):
+    with pytest.raises(ConfigError, match=rf"{path}:2: slurm.mode must be 'off', 'delegate' or 'submit'"):
         load_config(path)
     path.write_text('[slurm]\nmode = "submit"\npartition = "gpu"\n')
     assert (load_config(path).slurm_mode, load_config(path).slurm_partition) == ("submit", "gpu")

@@ -259,7 +259,7 @@ def lease_row(row: UsageRow, start: float, end: float) -> ReportRow:
         idle = row.idle_device_s * (span / full) * weight / len(row.devices)
     return ReportRow(key=row.lease_id, device_hours=weight * span / 3600, leases=1, wait_p50_s=row.wait_s,
                      wait_p90_s=row.wait_s, wait_max_s=row.wait_s, idle_device_hours=idle / 3600,
-                     end_reasons={row.state: 1}, lease=row)
+                     end_reasons={row.state: 1}, idle_measured=row.idle_device_s is not None, lease=row)
 
 
 def build_report(
