@@ -92,6 +92,8 @@ def _status_lines(reply: pb.StatusReply) -> tuple[list[str], list[tuple[int, int
             if d.time_left_s:
                 holder += f", {format_duration(d.time_left_s)} left"
         state = d.state if d.healthy else f"{d.state}: {d.health_reason}"
+        if d.borrowed:  # lent while idle over its user's limits: it ends with notice when needed
+            state = f"{state} (borrowed)"
         if d.drain_reason:
             state = f"{state} (drained: {d.drain_reason})" if d.state != "drained" else f"drained: {d.drain_reason}"
         if reply.enforcement == "acl" and not d.gated:
