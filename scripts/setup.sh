@@ -17,7 +17,7 @@ VENV=${1:-${VACCEL_VENV:?give the venv path as an argument or in VACCEL_VENV}}
 # are the container engines tests/container_engine.py starts privately (docs/containers.md); none of their
 # services is started here.
 APT_PACKAGES=(python3-venv libsystemd-dev pkg-config systemd systemd-container debootstrap zstd chromium libacl1-dev
-              slurm-wlm docker.io runc podman catatonit uidmap slirp4netns fuse-overlayfs acl)
+              slurm-wlm slurmdbd mariadb-server docker.io runc podman catatonit uidmap slirp4netns fuse-overlayfs acl)
 # node + npm run the Node example client (examples/node/, tests/test_other_languages.py); a Node that
 # brings its own npm (NodeSource's) is kept.
 command -v npm >/dev/null 2>&1 || APT_PACKAGES+=(nodejs npm)
