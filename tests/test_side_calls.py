@@ -167,8 +167,14 @@ def test_the_side_methods_are_unary_methods_the_client_knows_the_replies_of():
             assert method.output_type.full_name == connection._SIDE_REPLIES[name].DESCRIPTOR.full_name
 
 
-def test_a_process_that_has_imported_grpc_uses_its_channel(broker: Broker):
+def test_a_process_that_has_imported_grpc_makes_its_unary_calls_on_the_side_until_it_has_a_channel(broker: Broker):
+    # Issue 45: grpc imported (tensorboard, ray, wandb do) made every `with lease()` set up a
+    # channel and a token, twice the cycle of the two side calls.
     assert "grpc" in sys.modules  # pytest's process: the fixtures and other tests import it
     conn = BrokerConnection(broker.socket)
     assert conn.call("Status", pb.StatusRequest()).devices
-    assert conn._channel is not None
+    assert conn._channel is None
+    # A connection that has a channel (a stream, a heartbeat) keeps to it.
+    conn._ensure()
+    assert conn.side_call("Status", pb.StatusRequest(), 5) is None
+    assert conn.call("Status", pb.StatusRequest()).devices
