@@ -6,7 +6,7 @@ over every interleaving is in tests/test_lease_properties.py."""
 from __future__ import annotations
 
 from brokerd.contract import Requirement
-from brokerd.leasing.model import REVOKED, UserLimits
+from brokerd.leasing.model import RELEASED, REVOKED, UserLimits
 from tests.test_fair_queue import granted, queued
 from tests.test_leases import ALICE, BOB, CAROL, manager
 
@@ -84,3 +84,19 @@ def test_a_borrowed_lease_is_not_recalled_for_a_request_that_could_not_start_any
     queued(m.submit(BOB, Requirement(3), wait=True))
     m.pump()
     assert m.lending.recalled == [] and not grant.lease.notice
+
+
+def test_a_borrower_that_gives_back_when_called_back_has_released_and_is_not_reaped():
+    m, _ = _lending(2)
+    granted(m.submit(ALICE, Requirement(1), wait=False, limits=ONE))
+    queued(m.submit(ALICE, Requirement(1), wait=True, limits=ONE))
+    [grant] = m.pump()
+    queued(m.submit(BOB, Requirement(1), wait=True))
+    m.pump()
+    assert grant.lease.notice
+    # Her job checkpoints on the notice and gives the device back: released (the reaper
+    # stops nothing of a release), where an admin's revoke stays a revoke.
+    ended = m.release(grant.lease.id, ALICE.uid)
+    assert ended.state == RELEASED and ended.end_reason.startswith("gave back what it borrowed: lent while idle")
+    [handed] = m.pump()
+    assert handed.lease.devices == grant.lease.devices

@@ -84,15 +84,21 @@ def run(args: argparse.Namespace, jobs: list[Any]) -> dict[str, Any]:
         raise TraceError(f"job(s) {too_big[:5]} ask for more than the {args.devices} devices")
     systems: dict[str, dict[str, Any]] = {}
     setup: dict[str, Any] = {}
+    failed: dict[str, str] = {}
     # The ratios are taken against Slurm as a lab runs it (fair share) when it ran, else FIFO Slurm.
     reference = "slurm-fs" if "slurm-fs" in args.systems else "slurm"
     for name in args.systems:
         began = time.monotonic()
         steps = plan.steps(jobs, name, compression)
-        if name.startswith("slurm"):
-            outcomes, setup[name] = replay_slurm.replay(steps, compression, args.devices, args.timeout, name)
-        else:
-            outcomes, setup[name] = replay_vaccel.replay(steps, name, compression, args.devices, args.timeout)
+        try:
+            if name.startswith("slurm"):
+                outcomes, setup[name] = replay_slurm.replay(steps, compression, args.devices, args.timeout, name)
+            else:
+                outcomes, setup[name] = replay_vaccel.replay(steps, name, compression, args.devices, args.timeout)
+        except replay_vaccel.ReplayError as exc:  # the other systems' figures are kept: a run is long
+            failed[name] = str(exc)
+            print(f"bench.lab: {exc}", file=sys.stderr, flush=True)
+            continue
         systems[name] = {**figures(outcomes, args.devices), "replay_s": time.monotonic() - began,
                          "outcomes": [asdict(o) for o in outcomes]}
         done = systems[name]
@@ -102,7 +108,7 @@ def run(args: argparse.Namespace, jobs: list[Any]) -> dict[str, Any]:
     return {"trace": {**summary(jobs, args.devices), "source": args.trace or f"seed {args.seed}"},
             "devices": args.devices, "speed": args.speed, "limit_step_s": compression.limit_step_s,
             "distinct_uids": os.geteuid() == 0, "systems": systems, "reference": reference,
-            "ratios": ratios(systems, reference), "setup": setup}
+            "ratios": ratios(systems, reference), "setup": setup, "failed": failed}
 
 
 def _ratio(ratios: dict[str, float | None], key: str, width: int) -> str:
@@ -132,6 +138,8 @@ def render(result: dict[str, Any]) -> str:
         lines.append(f"{label:<32}{_ratio(r, 'utilization', 7)}{_ratio(r, 'idle_while_waiting_s', 11)}"
                      f"{_ratio(r, 'wait_p50_s', 10)}{_ratio(r, 'wait_p90_s', 10)}{_ratio(r, 'wait_max_s', 10)}"
                      f"{_ratio(r, 'jain', 7)}{_ratio(r, 'slowdown_user_median', 8)}{'':6}{_ratio(r, 'makespan_s', 10)}")
+    for name, why in result.get("failed", {}).items():
+        lines.append(f"{name}: FAILED: {why.splitlines()[0]}")
     if not result["distinct_uids"]:
         lines.append("(not root: every vaccel user ran under one uid, so the fair queue saw one user)")
     return "\n".join(lines)
@@ -160,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench.lab: interrupted; daemons and temp files cleaned up", file=sys.stderr)
         return 130
     print(json.dumps(result, indent=2) if args.json else render(result))
-    return 0
+    return 1 if result["failed"] else 0
 
 
 if __name__ == "__main__":

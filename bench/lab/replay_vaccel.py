@@ -64,6 +64,11 @@ def broker_config(system: str, compression: Compression, devices: int, largest: 
         lines.append(f"max_devices = {max(largest, devices // 2)}")
     if system == "vaccel-policy-lend":  # the cap lends what it would idle (docs/policy.md)
         lines[1:1] = ["lend_idle = true", f"lend_notice = {real(LEND_NOTICE_S)}"]
+        # A holder hears of a notice at its next heartbeat (a quarter of the TTL): compressed,
+        # 5 lab minutes are under 2 real seconds, so the TTL shrinks with it, as a lab's 30 s
+        # TTL is to its 5 minutes of notice. (A lease ended unheard is reaped: the driver
+        # process holding every job of its user would go with it.)
+        lines[:0] = ["[leases]", f'heartbeat_ttl = "{max(1.0, compression.real(LEND_NOTICE_S) * 4 / 3):.3f}s"']
     return "\n".join(lines) + "\n"
 
 

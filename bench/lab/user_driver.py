@@ -65,7 +65,12 @@ def _hold(socket: str, job: dict[str, Any], hold: float, runs: list[list[float]]
         why.append(reason)
         lost.set()
 
-    session = LeaseSession(socket, on_lost=on_lost, on_ending=lambda _ending: None, say=lambda _line: None)
+    def on_ending(ending: Any) -> None:  # a borrowed lease called back: checkpoint, give it back now
+        if "lent while idle" in getattr(ending, "reason", "") + getattr(ending, "notice", ""):
+            why.append("called back")
+            lost.set()
+
+    session = LeaseSession(socket, on_lost=on_lost, on_ending=on_ending, say=lambda _line: None)
     try:
         request = LeaseRequest(gpus=job["gpus"], time=job["time"] or None, reservation=job["reservation"],
                                command=f"lab job {job['id']}")
@@ -75,7 +80,11 @@ def _hold(socket: str, job: dict[str, Any], hold: float, runs: list[list[float]]
             session.start_heartbeat()
         lost.wait(max(0.0, granted + hold - time.time()))
         ended = time.time()  # before the release: the next grant may come before its reply
-        session.release()
+        try:
+            session.release()
+        except LeaseError:
+            if not lost.is_set():
+                raise  # (a lease that ended meanwhile has nothing to give back)
         runs.append([granted, ended])
         return lease.borrowed and lost.is_set() and ended < granted + hold - 0.01
     finally:

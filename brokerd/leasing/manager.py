@@ -282,7 +282,9 @@ class LeaseManager:
         """End a lease on request: released when its holder's user asks, revoked when
         someone else does (permissions let only an admin get this far)."""
         lease = self.active(lease_id)
-        if lease.ending_state == REVOKED:  # told it was revoked, it gave up early: still a revoke
+        if lease.ending_state == REVOKED:  # told it was revoked, it gave up early: still a revoke...
+            if lease.borrowed and by_uid == lease.holder.uid:  # ...but a borrower giving back when called back
+                return self._end(lease, RELEASED, f"gave back what it borrowed: {lease.notice}")  # is not reaped
             return self._end(lease, REVOKED, lease.notice)
         if by_uid == lease.holder.uid:
             return self._end(lease, RELEASED, reason or "released by its holder")
