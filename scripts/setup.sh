@@ -16,10 +16,12 @@ VENV=${1:-${VACCEL_VENV:?give the venv path as an argument or in VACCEL_VENV}}
 # docker.io, podman (with runc, catatonit for --init, and for rootless: uidmap, slirp4netns, fuse-overlayfs) and acl
 # are the container engines tests/container_engine.py starts privately (docs/containers.md); none of their
 # services is started here.
+# slurmdbd and mariadb-server give bench.lab's slurm-fs its fair share (bench/testbeds/slurm_accounting.py
+# starts a private database and slurmdbd; their services are not started here).
 # golang-go, golang-google-grpc-dev, golang-goprotobuf-dev and protobuf-compiler build the Go example client
 # (examples/go/, tests/test_api_doc_client.py) offline, from the shipped proto.
 APT_PACKAGES=(python3-venv libsystemd-dev pkg-config systemd systemd-container debootstrap zstd chromium libacl1-dev
-              slurm-wlm docker.io runc podman catatonit uidmap slirp4netns fuse-overlayfs acl
+              slurm-wlm slurmdbd mariadb-server docker.io runc podman catatonit uidmap slirp4netns fuse-overlayfs acl
               golang-go golang-google-grpc-dev golang-goprotobuf-dev protobuf-compiler)
 # node + npm run the Node example client (examples/node/, tests/test_other_languages.py); a Node that
 # brings its own npm (NodeSource's) is kept.

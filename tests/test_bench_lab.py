@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.lab import plan, trace
+from bench.lab import plan, replay_slurm, trace
 from bench.lab.metrics import Outcome, figures, idle_while_waiting, jain, service_rates
+from bench.testbeds.slurm_accounting import missing_programs as accounting_missing
 from tests.slurm_cluster import missing_programs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,6 +47,16 @@ def test_idle_while_waiting_counts_only_devices_a_waiter_could_use() -> None:
     ]
     # 20..100: 2 free, the 1-GPU request fits one of them -> 80 device-seconds.
     assert idle_while_waiting(outcomes, 4) == pytest.approx(80.0)
+
+
+def test_a_job_that_ran_in_pieces_waits_between_them() -> None:
+    # A borrowed lease called back at 100 s; the rest of the job ran from 300 s to 400 s.
+    pieces = Outcome(1, "u", 1, 0, 0, 400, ((0, 100), (300, 400)))
+    assert (pieces.run_s, pieces.wait_s) == (200, 200)
+    # One device: free from 100 s to 300 s while the job waited for it (nobody else there).
+    assert idle_while_waiting([pieces], 1) == 200
+    whole = Outcome(2, "u", 1, 0, 50, 250)
+    assert (whole.run_s, whole.wait_s) == (200, 50) and whole.pieces == ((50, 250),)
 
 
 def test_jain_and_service_rates() -> None:
@@ -150,6 +161,27 @@ def test_tiny_trace_against_slurm_gives_ratios(tmp_path: Path) -> None:
         _check_sane(system, len(TINY))
     assert set(result["ratios"]) == {"vaccel"}
     assert result["ratios"]["vaccel"]["utilization"] > 0
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(os.geteuid() != 0 or bool(missing_programs()) or bool(accounting_missing()),
+                    reason="SLURM-FS LAB BENCH SKIPPED: needs root, slurm-wlm, slurmdbd and mariadb-server "
+                           "(scripts/setup.sh)")
+def test_tiny_trace_against_slurm_with_fair_share_is_the_reference(tmp_path: Path) -> None:
+    result = _replay(tmp_path, "vaccel,slurm-fs")
+    for system in result["systems"].values():
+        _check_sane(system, len(TINY))
+    # The comparison of record: ratios against Slurm with fair share.
+    assert result["reference"] == "slurm-fs" and set(result["ratios"]) == {"vaccel"}
+    setup = result["setup"]["slurm-fs"]
+    assert "PriorityType=priority/multifactor" in setup["slurm.conf"]
+    assert "AccountingStorageType=accounting_storage/slurmdbd" in setup["slurm.conf"]
+    assert "bf_continue" in setup["slurm.conf"]  # the same backfill settings as FIFO Slurm's
+    # One association per lab user, each charged for its own jobs (they ran under its uid).
+    rows = [line.split("|") for line in setup["sshare"][1:]]
+    users = {row[1]: row for row in rows if row[1]}
+    assert set(users) >= {replay_slurm.unix_name(j["user"]) for j in TINY}, setup["sshare"]
+    assert all(row[0].strip() == "lab" for user, row in users.items() if user != "root")
 
 
 SACCT = """JobID|User|JobName|Submit|Start|End|Timelimit|AllocTRES

@@ -265,3 +265,33 @@ def test_a_reservation_is_the_users_across_restarts_and_ends_at_its_limit(govern
     assert signals_logged(log) == ["SIGUSR1", "SIGTERM"], r.stderr
     ended = json.loads(broker.vaccel("leases", "--all", "--ended", "--json").stdout)["leases"]
     assert [x["state"] for x in ended if x["id"] == booked["lease_id"]] == ["time_limit"]
+
+
+LENDING = '[policy]\nlend_idle = true\nlend_notice = "3s"\n' + STUDENT_LIMIT
+
+
+def test_lend_idle_lends_a_capped_student_an_idle_gpu_until_a_request_within_limits_needs_it(governed, staged):  # noqa: F811
+    broker = governed(LENDING)
+    own, own_id = holding(broker, staged, "vaccel-alice")
+    # Over her limit of 1, with three GPUs idle and nobody else asking: she borrows one.
+    lent, lent_id = holding(broker, staged, "vaccel-alice")
+    carol = None
+    try:
+        shown = status(broker)
+        assert [d["borrowed"] for d in shown["devices"] if d["lease_id"] == lent_id] == [True]
+        assert [d["borrowed"] for d in shown["devices"] if d["lease_id"] == own_id] == [False]
+        assert "(borrowed)" in broker.vaccel("status").stdout
+        leases = json.loads(broker.vaccel("leases", "--all", "--json").stdout)["leases"]
+        assert {x["id"]: x["borrowed"] for x in leases} == {own_id: False, lent_id: True}
+        # Carol, within her limits, needs three GPUs: two are free, the third is the borrowed one.
+        carol = as_user(broker, staged, "vaccel-carol", "run", "--gpus", "3", "--", "true", popen=True)
+        told = queue_line(lent, "lent while idle")
+        assert "a request within its limits needs gpu" in told, told
+        assert carol.wait(60) == 0, carol.stderr.read()
+        ended = json.loads(broker.vaccel("leases", "--all", "--ended", "--json").stdout)["leases"]
+        mine = next(x for x in ended if x["id"] == lent_id)
+        assert (mine["state"], mine["borrowed"]) == ("revoked", True)
+        assert mine["end_reason"].startswith("lent while idle"), mine["end_reason"]
+        assert own_id in {x["id"] for x in json.loads(broker.vaccel("leases", "--all", "--json").stdout)["leases"]}
+    finally:
+        stop(own, lent, *([carol] if carol else []))

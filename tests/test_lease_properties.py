@@ -12,6 +12,7 @@ leases and the queue, in order, back."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import itertools
 import json
 import shutil
@@ -31,7 +32,7 @@ from brokerd.core.permissions import Action, Permissions
 from brokerd.devices.model import Device
 from brokerd.leasing.errors import Busy, LeaseError, Unsatisfiable
 from brokerd.leasing.manager import LeaseManager
-from brokerd.leasing.model import Ask, Lease, LeaseTerms, Request, UserLimits
+from brokerd.leasing.model import RELEASED, Ask, Lease, LeaseTerms, Request, UserLimits
 from brokerd.state.queue_record import WaitRecord
 from brokerd.state.store import DB_NAME, LeaseStore
 
@@ -39,6 +40,7 @@ from brokerd.state.store import DB_NAME, LeaseStore
 N_DEVICES = 6
 HOLDERS = [Holder(1000 + i, 1000 + i, 100 + i, 7, f"user{i}") for i in range(4)]
 SHARES_MIB = [4096, 10240, 20480, 30720, 49152]
+LEND_NOTICE_S = 10.0  # [policy] lend_notice
 # tmpfs where there is one: the commits are real, their fsyncs need not be slow.
 SCRATCH = "/dev/shm" if Path("/dev/shm").is_dir() else None
 
@@ -63,8 +65,8 @@ def requirement_of(spec: bytes) -> tuple[Requirement, int]:
 
 
 class LeaseMachine(RuleBasedStateMachine):
-    @initialize()
-    def setup(self) -> None:
+    @initialize(lend_idle=st.booleans())
+    def setup(self, lend_idle: bool) -> None:
         # The machine's clock starts at the real time: the store forgets leases that ended
         # over 30 days before the real clock's now when it opens, so a clock at 1970 made a
         # second restart lose the use the fair order rests on, while the daemon never does.
@@ -75,6 +77,7 @@ class LeaseMachine(RuleBasedStateMachine):
         self.granted: list[Lease] = []
         self.limits: dict[int, UserLimits] = {}
         self.shared = {1, 3, 5}  # an 80 GiB, a 24 GiB GPU and a MIG instance start shared
+        self.lend_idle = lend_idle  # [policy] lend_idle, turned on and off by reloads (lending_changes)
         self.dir = Path(tempfile.mkdtemp(prefix="vaccel-props-", dir=SCRATCH))
         self.loop = asyncio.new_event_loop()
         self.store = LeaseStore(self.dir)
@@ -91,6 +94,7 @@ class LeaseMachine(RuleBasedStateMachine):
         manager = LeaseManager(self._devices(), ttl_s=10, max_duration_s=100, clock=lambda: self.now,
                                new_id=lambda p: f"{p}{next(self.ids)}")
         manager.set_sharing(device(i).uuid for i in self.shared)  # as the daemon does from [sharing]
+        manager.lending.enabled, manager.lending.notice_s = self.lend_idle, LEND_NOTICE_S  # and from [policy]
         return manager
 
     def _devices(self) -> list[Device]:
@@ -133,6 +137,11 @@ class LeaseMachine(RuleBasedStateMachine):
           max_devices=st.integers(0, 3), time_limit=st.sampled_from([0.0, 5.0, 20.0, 60.0]))
     def submit(self, holder: Holder, gpus: int, big: bool, wait: bool, max_devices: int, time_limit: float) -> None:
         self._submit(holder, gpus, 40 * 1024 if big else 0, wait, max_devices, time_limit, 0)
+
+    @rule(holder=st.sampled_from(HOLDERS), gpus=st.integers(1, 2), time_limit=st.sampled_from([0.0, 5.0, 60.0]))
+    def submit_under_a_cap(self, holder: Holder, gpus: int, time_limit: float) -> None:
+        """A request of a user capped at two devices, who likely holds some: what lending is for."""
+        self._submit(holder, gpus, 0, True, 2, time_limit, 0)
 
     @rule(holder=st.sampled_from(HOLDERS), share=st.sampled_from(SHARES_MIB), wide=st.integers(0, 5),
           wait=st.booleans(), max_devices=st.integers(0, 3), time_limit=st.sampled_from([0.0, 5.0, 20.0, 60.0]))
@@ -199,8 +208,11 @@ class LeaseMachine(RuleBasedStateMachine):
         assert self.manager.cancel(request.id)
         self._write(lambda: self.store.save_dequeued(request.id))
 
-    def _within_limits(self, lease: Lease, limits: UserLimits) -> None:
-        held = sum(x.weight for x in self.manager.leases.values() if x.holder.uid == lease.holder.uid)
+    def _within_limits(self, lease: Lease, limits: UserLimits, granted_after: frozenset[str] = frozenset()) -> None:
+        """Its user's leases fit the limit with it, as they were at its grant (the grants after
+        it in the same pump aside: a user's requests may carry different limits)."""
+        held = sum(x.weight for x in self.manager.leases.values()
+                   if x.holder.uid == lease.holder.uid and x.id not in granted_after)
         assert not limits.max_devices or held <= limits.max_devices + 1e-9, "a grant went over max_devices"
 
     def _in_fair_order(self) -> None:
@@ -210,12 +222,45 @@ class LeaseMachine(RuleBasedStateMachine):
 
     @rule()
     def pump(self) -> None:
+        within = self._requests_within_limits()
         grants = self.manager.pump()
         self._in_fair_order()
-        for grant in grants:
-            self._within_limits(grant.lease, grant.request.limits)
+        for at, grant in enumerate(grants):
+            if grant.lease.borrowed:  # lent while idle: only with lend_idle, only to a request a limit held back
+                assert self.lend_idle and grant.request.id not in within, "a borrowed grant to a request within limits"
+            else:
+                self._within_limits(grant.lease, grant.request.limits, frozenset(g.lease.id for g in grants[at + 1:]))
         self._record([g.lease for g in grants])
         self._granted([(g.lease, g.request.id) for g in grants])
+        # The borrowed leases told to end are recorded as the daemon records a notice.
+        self._write(*[lambda lease=lease: self.store.save_ending(lease) for lease in self.manager.lending.recalled])
+        self._borrowed_leases_keep_nothing_from_requests_within_limits()
+
+    @rule()
+    def lending_changes(self) -> None:
+        """A reload turns [policy] lend_idle on or off: borrowed leases run on as they are."""
+        self.lend_idle = not self.lend_idle
+        self.manager.lending.enabled = self.lend_idle
+
+    def _requests_within_limits(self) -> set[str]:
+        reserved = self.manager.waiting.reservations()
+        return {r.id for r in self.manager.queue if not self.manager.waiting.limit(r, reserved)}
+
+    def _borrowed_leases_keep_nothing_from_requests_within_limits(self) -> None:
+        """After a pump, the pump the daemon would run if every borrowed lease not yet told
+        to end had ended grants nothing to a request within limits: a borrowed lease keeps
+        no device from one beyond its notice (the bound itself: borrowed_notice_is_short)."""
+        lent = [lease for lease in self.manager.leases.values() if lease.borrowed and not lease.notice]
+        if not lent or not self.manager.queue:
+            return
+        within = self._requests_within_limits()
+        without = copy.deepcopy(self.manager)
+        for lease in lent:
+            without.end(lease.id, RELEASED, "as if it had ended")
+        started = [(g.request.id, g.request.requirement.gpus, g.request.ask, g.lease.devices, g.request.holder.uid)
+                   for g in without.waiting.pump(without._try_grant) if g.request.id in within]
+        lent_out = [(x.id, x.devices, x.holder.uid) for x in lent]
+        assert not started, f"borrowed leases {lent_out} keep devices from {started} without notice"
 
     @rule(seconds=st.floats(0, 30), beat=st.booleans())
     def time_passes(self, seconds: float, beat: bool) -> None:
@@ -309,6 +354,13 @@ class LeaseMachine(RuleBasedStateMachine):
             assert self.manager.holdings.device_state(uuid) == "shared"
 
     @invariant()
+    def borrowed_notice_is_short(self) -> None:
+        """A borrowed lease told to end does so within lend_notice."""
+        for lease in self.manager.leases.values():
+            if lease.borrowed and lease.notice:
+                assert lease.expires_at <= self.now + LEND_NOTICE_S + 1e-6, "a borrowed lease's notice is too long"
+
+    @invariant()
     def store_agrees_with_the_manager(self) -> None:
         conn = sqlite3.connect(self.dir / DB_NAME)
         try:
@@ -319,11 +371,15 @@ class LeaseMachine(RuleBasedStateMachine):
                     "SELECT id, devices, share_mib FROM leases WHERE state='active' AND share_mib > 0"):
                 shares.setdefault(json.loads(devices)[0], {})[lease_id] = mib
             queue = [r[0] for r in conn.execute("SELECT id FROM queue WHERE lease_id='' ORDER BY rowid")]
+            borrowed = {r[0]: (bool(r[1]), r[2]) for r in conn.execute(
+                "SELECT id, borrowed, notice FROM leases WHERE state='active'")}
         finally:
             conn.close()
         assert active == set(self.manager.leases), "active leases on disk differ from the manager's"
         assert holdings == self.manager.owner, "device holdings on disk differ from the manager's"
         assert shares == self.manager.holdings.shares, "shares on disk differ from the manager's"
+        assert borrowed == {x.id: (x.borrowed, x.notice) for x in self.manager.leases.values()}, \
+            "borrowed leases and their notices on disk differ from the manager's"
         # The file keeps the requests in arrival order, the manager in the fair order it
         # serves them (worked out from arrival and past use; the restart rule checks that).
         assert sorted(queue) == sorted(r.id for r in self.manager.queue), "the queue on disk differs from the manager's"

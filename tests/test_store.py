@@ -398,7 +398,7 @@ def test_a_version_3_database_opens_with_no_container_and_keeps_one_applied_late
     conn.executescript(_V1_LEASES)
     conn.close()
     reopen(tmp_path)  # the file of today's daemon, as a version 1 file migrated
-    for column in ("share_of_mib", "share_mib", "container"):  # what versions 4 and 5 added
+    for column in ("borrowed", "share_of_mib", "share_mib", "container"):  # what versions 4, 5 and 6 added
         raw(tmp_path, f"ALTER TABLE leases DROP COLUMN {column}")
     raw(tmp_path, "UPDATE meta SET value='3' WHERE key='schema_version'")
     active, _, _ = reopen(tmp_path)

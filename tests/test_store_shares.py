@@ -57,6 +57,6 @@ def test_a_version_3_file_opens_migrated_and_its_lease_holds_its_device_whole(tm
     assert [(lease.id, lease.devices, lease.share_mib, lease.time_limit_s, lease.request_key) for lease in active] \
         == [("l-v3", ("GPU-1",), 0, 3600.0, "key-1")]
     assert raw(tmp_path, "SELECT value FROM meta WHERE key='schema_version'") == [(str(SCHEMA_VERSION),)]
-    assert SCHEMA_VERSION == 5
+    assert SCHEMA_VERSION == 6  # 6: borrowed leases ([policy] lend_idle)
     saved_store(tmp_path, share("l-new", "GPU-3", 4096))  # and the migrated file takes shares
     assert sorted((lease.id, lease.share_mib) for lease in reopen(tmp_path)[0]) == [("l-new", 4096), ("l-v3", 0)]

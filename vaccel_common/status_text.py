@@ -98,6 +98,8 @@ def _status_lines(reply: pb.StatusReply, every: bool = False) -> tuple[list[str]
             b = d.busy_by
             holder = f"{b.user} (pid {b.pid}{f', container {b.container}' if b.container else ''}, no lease)"
         state = d.state if d.healthy else f"{d.state}: {d.health_reason}"
+        if d.borrowed:  # lent while idle over its user's limits: it ends with notice when needed
+            state = f"{state} (borrowed)"
         if d.drain_reason:
             state = f"{state} (drained: {d.drain_reason})" if d.state != "drained" else f"drained: {d.drain_reason}"
         if reply.enforcement == "acl" and not d.gated:

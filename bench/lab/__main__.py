@@ -4,11 +4,12 @@ same number of simulated GPUs; per system the figures a lab head reads (bench/la
 and vaccel's ratios against Slurm.
 
     sudo python -m bench.lab                      # seed 1, a lab day at 180x: ~10 min per system
-    sudo python -m bench.lab --hours 168 --speed 1200 --systems vaccel,slurm
+    sudo python -m bench.lab --hours 168 --speed 1200 --systems vaccel,slurm-fs
     python -m bench.lab --trace mylab.jsonl --systems vaccel --json
     python -m bench.lab --seed 3 --write-trace trace.jsonl   # the trace only, no replay
 
-Slurm needs root and slurm-wlm (scripts/setup.sh installs it); vaccel's users get uids of
+Slurm needs root and slurm-wlm (scripts/setup.sh installs it), slurm-fs also slurmdbd and
+mariadb-server, and makes a Unix account per lab user (vlab-NAME); vaccel's users get uids of
 their own only as root (else they share ours, and the fair queue sees one user). The trace
 format and the converters from `sacct` and `vaccel report --by lease`: docs/performance.md.
 Figures are printed, never asserted.
@@ -67,6 +68,12 @@ def _problem(args: argparse.Namespace) -> str:
 
         if os.geteuid() != 0 or missing_programs():
             return "the slurm system needs root and slurm-wlm (scripts/setup.sh installs it); or --systems vaccel"
+    if any(name.startswith("slurm-fs") for name in args.systems):
+        from bench.testbeds.slurm_accounting import missing_programs as accounting_missing
+
+        if accounting_missing():
+            return (f"slurm-fs needs {', '.join(accounting_missing())} (Debian's slurmdbd and mariadb-server: "
+                    "scripts/setup.sh installs them)")
     return ""
 
 
@@ -77,13 +84,21 @@ def run(args: argparse.Namespace, jobs: list[Any]) -> dict[str, Any]:
         raise TraceError(f"job(s) {too_big[:5]} ask for more than the {args.devices} devices")
     systems: dict[str, dict[str, Any]] = {}
     setup: dict[str, Any] = {}
+    failed: dict[str, str] = {}
+    # The ratios are taken against Slurm as a lab runs it (fair share) when it ran, else FIFO Slurm.
+    reference = "slurm-fs" if "slurm-fs" in args.systems else "slurm"
     for name in args.systems:
         began = time.monotonic()
         steps = plan.steps(jobs, name, compression)
-        if name.startswith("slurm"):
-            outcomes, setup[name] = replay_slurm.replay(steps, compression, args.devices, args.timeout)
-        else:
-            outcomes, setup[name] = replay_vaccel.replay(steps, name, compression, args.devices, args.timeout)
+        try:
+            if name.startswith("slurm"):
+                outcomes, setup[name] = replay_slurm.replay(steps, compression, args.devices, args.timeout, name)
+            else:
+                outcomes, setup[name] = replay_vaccel.replay(steps, name, compression, args.devices, args.timeout)
+        except replay_vaccel.ReplayError as exc:  # the other systems' figures are kept: a run is long
+            failed[name] = str(exc)
+            print(f"bench.lab: {exc}", file=sys.stderr, flush=True)
+            continue
         systems[name] = {**figures(outcomes, args.devices), "replay_s": time.monotonic() - began,
                          "outcomes": [asdict(o) for o in outcomes]}
         done = systems[name]
@@ -92,7 +107,8 @@ def run(args: argparse.Namespace, jobs: list[Any]) -> dict[str, Any]:
               file=sys.stderr, flush=True)
     return {"trace": {**summary(jobs, args.devices), "source": args.trace or f"seed {args.seed}"},
             "devices": args.devices, "speed": args.speed, "limit_step_s": compression.limit_step_s,
-            "distinct_uids": os.geteuid() == 0, "systems": systems, "ratios": ratios(systems), "setup": setup}
+            "distinct_uids": os.geteuid() == 0, "systems": systems, "reference": reference,
+            "ratios": ratios(systems, reference), "setup": setup, "failed": failed}
 
 
 def _ratio(ratios: dict[str, float | None], key: str, width: int) -> str:
@@ -109,18 +125,21 @@ def render(result: dict[str, Any]) -> str:
              f"of {format_duration(result['limit_step_s'])} (one real minute, Slurm's unit) on every system; "
              "lab time below",
              "",
-             f"{'':22}{'util':>7}{'idle-wait':>11}{'wait p50':>10}{'wait p90':>10}{'wait max':>10}{'Jain':>7}"
+             f"{'':32}{'util':>7}{'idle-wait':>11}{'wait p50':>10}{'wait p90':>10}{'wait max':>10}{'Jain':>7}"
              f"{'slowdown':>14}{'makespan':>10}",
-             f"{'':22}{'':>7}{'dev-hours':>11}{'':>30}{'':>7}{'med / max':>14}"]
+             f"{'':32}{'':>7}{'dev-hours':>11}{'':>30}{'':>7}{'med / max':>14}"]
     for name, s in result["systems"].items():
-        lines.append(f"{name:<22}{s['utilization']:>7.3f}{s['idle_while_waiting_s'] / HOUR:>11.1f}"
+        lines.append(f"{name:<32}{s['utilization']:>7.3f}{s['idle_while_waiting_s'] / HOUR:>11.1f}"
                      f"{format_duration(s['wait_p50_s']):>10}{format_duration(s['wait_p90_s']):>10}{format_duration(s['wait_max_s']):>10}"
                      f"{s['jain']:>7.3f}{s['slowdown_user_median']:>7.2f} /{s['slowdown_user_max']:>5.1f}"
                      f"{format_duration(s['makespan_s']):>10}")
     for name, r in result["ratios"].items():
-        lines.append(f"{name + ' / slurm':<22}{_ratio(r, 'utilization', 7)}{_ratio(r, 'idle_while_waiting_s', 11)}"
+        label = f"{name} / {result['reference']}"
+        lines.append(f"{label:<32}{_ratio(r, 'utilization', 7)}{_ratio(r, 'idle_while_waiting_s', 11)}"
                      f"{_ratio(r, 'wait_p50_s', 10)}{_ratio(r, 'wait_p90_s', 10)}{_ratio(r, 'wait_max_s', 10)}"
                      f"{_ratio(r, 'jain', 7)}{_ratio(r, 'slowdown_user_median', 8)}{'':6}{_ratio(r, 'makespan_s', 10)}")
+    for name, why in result.get("failed", {}).items():
+        lines.append(f"{name}: FAILED: {why.splitlines()[0]}")
     if not result["distinct_uids"]:
         lines.append("(not root: every vaccel user ran under one uid, so the fair queue saw one user)")
     return "\n".join(lines)
@@ -149,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench.lab: interrupted; daemons and temp files cleaned up", file=sys.stderr)
         return 130
     print(json.dumps(result, indent=2) if args.json else render(result))
-    return 0
+    return 1 if result["failed"] else 0
 
 
 if __name__ == "__main__":

@@ -36,20 +36,34 @@ class Outcome:
     user: str
     gpus: int
     submit_s: float
-    start_s: float
-    end_s: float
+    start_s: float  # its first start
+    end_s: float  # its last end
+    # When it ran in pieces (a borrowed lease called back, the rest run on a new lease):
+    # each piece's (start, end); empty for one piece from start_s to end_s.
+    runs: tuple[tuple[float, float], ...] = ()
 
     @property
-    def wait_s(self) -> float:
-        return max(0.0, self.start_s - self.submit_s)
+    def pieces(self) -> tuple[tuple[float, float], ...]:
+        return self.runs or ((self.start_s, self.end_s),)
 
     @property
     def run_s(self) -> float:
-        return max(0.0, self.end_s - self.start_s)
+        return sum(max(0.0, end - start) for start, end in self.pieces)
+
+    @property
+    def wait_s(self) -> float:
+        """Its time in the system not running: before its start, and between its pieces."""
+        return max(0.0, self.end_s - self.submit_s - self.run_s)
+
+    def running(self, at: float) -> bool:
+        return any(start <= at < end for start, end in self.pieces)
+
+    def waiting(self, at: float) -> bool:
+        return self.submit_s <= at < self.end_s and not self.running(at)
 
 
 def _moments(outcomes: Sequence[Outcome]) -> list[float]:
-    return sorted({t for o in outcomes for t in (o.submit_s, o.start_s, o.end_s)})
+    return sorted({t for o in outcomes for t in (o.submit_s, o.end_s, *(x for run in o.pieces for x in run))})
 
 
 def idle_while_waiting(outcomes: Sequence[Outcome], devices: int) -> float:
@@ -58,11 +72,11 @@ def idle_while_waiting(outcomes: Sequence[Outcome], devices: int) -> float:
     total = 0.0
     for begin, end in itertools.pairwise(moments):
         middle = (begin + end) / 2
-        held = sum(o.gpus for o in outcomes if o.start_s <= middle < o.end_s)
+        held = sum(o.gpus for o in outcomes if o.running(middle))
         free = max(0, devices - held)
         if not free:
             continue
-        asked = sum(o.gpus for o in outcomes if o.submit_s <= middle < o.start_s and o.gpus <= free)
+        asked = sum(o.gpus for o in outcomes if o.gpus <= free and o.waiting(middle))
         total += min(free, asked) * (end - begin)
     return total
 

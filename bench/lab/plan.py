@@ -11,10 +11,14 @@ up to `30 * speed` lab seconds late).
 The systems differ only in what their users say:
 - "vaccel" and "slurm": the trace as it is (most jobs give no `--time`; they get the lab's
   default time limit, 24 h);
-- "vaccel-policy": every job gives `--time`: the one it gave, else what a user who must
-  give one says: twice the duration, rounded up to the hour (a 10 min job says 1 h);
+- "vaccel-policy" (and "vaccel-policy-lend", with [policy] lend_idle): every job gives
+  `--time`: the one it gave, else what a user who must give one says: twice the duration,
+  rounded up to the hour (a 10 min job says 1 h);
 - "slurm-policy" (not run unless asked for): Slurm with the same `--time` on every job, to
   tell what the lab's policy buys from what vaccel does with it.
+"slurm-fs" and "slurm-fs-policy" are Slurm as a shared lab runs it (fair share through
+slurmdbd, bench/lab/replay_slurm.py), the comparison of record; "-policy" there also caps
+each user's GPUs through the QOS, as vaccel-policy's max_devices does.
 """
 
 from __future__ import annotations
@@ -26,8 +30,8 @@ from bench.lab.trace import HOUR, INTERACTIVE, Job
 
 DEFAULT_LIMIT_S = 24 * HOUR  # vaccel's time_default, and the Slurm partition's DefaultTime
 MAX_LIMIT_S = 7 * 86400.0  # vaccel's time_max, and the partition's MaxTime
-SYSTEMS = ("vaccel", "vaccel-policy", "slurm", "slurm-policy")
-DEFAULT_SYSTEMS = SYSTEMS[:3]
+SYSTEMS = ("vaccel", "vaccel-policy", "slurm-fs", "vaccel-policy-lend", "slurm-fs-policy", "slurm", "slurm-policy")
+DEFAULT_SYSTEMS = SYSTEMS[:3]  # the comparison of record: vaccel and vaccel-policy against slurm-fs
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,7 @@ class Step:
 
 def stated_limit(job: Job, system: str) -> float:
     """The --time the job's user gives on `system`, in lab seconds (0: none)."""
-    if job.time_limit_s or not system.endswith("-policy"):
+    if job.time_limit_s or "-policy" not in system:
         return job.time_limit_s
     return min(max(HOUR, math.ceil(2 * job.duration_s / HOUR) * HOUR), MAX_LIMIT_S)
 

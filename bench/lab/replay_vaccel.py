@@ -32,6 +32,7 @@ from bench.lab.trace import HOUR
 ROOT = Path(__file__).resolve().parents[2]
 FIRST_UID = 61001
 READY_TIMEOUT_S = 60.0
+LEND_NOTICE_S = 300.0  # [policy] lend_notice's default, in lab time
 START_MARGIN_S = 1.0  # between the last driver's "ready" and the replay's start
 
 
@@ -59,8 +60,15 @@ def broker_config(system: str, compression: Compression, devices: int, largest: 
     lines = ["[policy]", f"fair_half_life = {real(24 * HOUR)}", f"aging = {real(4 * HOUR)}",
              "[policy.default]", f"time_default = {real(compression.limit(DEFAULT_LIMIT_S))}",
              f"time_max = {real(compression.limit(MAX_LIMIT_S))}"]
-    if system == "vaccel-policy":
+    if system.startswith("vaccel-policy"):
         lines.append(f"max_devices = {max(largest, devices // 2)}")
+    if system == "vaccel-policy-lend":  # the cap lends what it would idle (docs/policy.md)
+        lines[1:1] = ["lend_idle = true", f"lend_notice = {real(LEND_NOTICE_S)}"]
+        # A holder hears of a notice at its next heartbeat (a quarter of the TTL): compressed,
+        # 5 lab minutes are under 2 real seconds, so the TTL shrinks with it, as a lab's 30 s
+        # TTL is to its 5 minutes of notice. (A lease ended unheard is reaped: the driver
+        # process holding every job of its user would go with it.)
+        lines[:0] = ["[leases]", f'heartbeat_ttl = "{max(1.0, compression.real(LEND_NOTICE_S) * 4 / 3):.3f}s"']
     return "\n".join(lines) + "\n"
 
 
@@ -177,6 +185,9 @@ def _outcomes(steps: list[Step], drivers: list[_Driver], start: float, compressi
     out = []
     for job_id, r in sorted(records.items()):
         job = by_id[job_id]
+        runs = r.get("runs") or []
         out.append(Outcome(job_id, job.user, job.gpus, job.submit_s, compression.lab(r["granted"] - start),
-                           compression.lab(r["ended"] - start)))
+                           compression.lab(r["ended"] - start),
+                           tuple((compression.lab(a - start), compression.lab(b - start)) for a, b in runs)
+                           if len(runs) > 1 else ()))
     return out

@@ -37,28 +37,56 @@ def _sleep_until(moment: float) -> None:
 
 def run_job(socket: str, start: float, job: dict[str, Any]) -> None:
     """Ask at the job's time, hold for its hold (or until the broker ends the lease at its
-    time limit), give it back; report the moments."""
+    time limit), give it back; report the moments. A borrowed lease called back for a
+    request within limits ([policy] lend_idle) is a job that checkpoints at the notice and
+    asks again for the rest, as its user would: each piece is reported under "runs"."""
     _sleep_until(start + job["at"])
-    lost = threading.Event()
+    asked = time.time()
+    left = job["hold"]
+    runs: list[list[float]] = []
+    try:
+        while True:
+            called_back = _hold(socket, job, left, runs)
+            left -= runs[-1][1] - runs[-1][0]
+            if not called_back or left <= 0.01:
+                break
+        _say({"id": job["id"], "asked": asked, "granted": runs[0][0], "ended": runs[-1][1], "runs": runs})
+    except LeaseError as exc:
+        _say({"id": job["id"], "error": str(exc)})
 
-    def on_lost(_lease: Lease, _reason: str) -> None:
+
+def _hold(socket: str, job: dict[str, Any], hold: float, runs: list[list[float]]) -> bool:
+    """One lease held for `hold` seconds at most; its (granted, ended) goes to `runs`.
+    True when it ended early because a borrowed lease was called back."""
+    lost = threading.Event()
+    why: list[str] = []
+
+    def on_lost(_lease: Lease, reason: str) -> None:
+        why.append(reason)
         lost.set()
 
-    session = LeaseSession(socket, on_lost=on_lost, on_ending=lambda _ending: None, say=lambda _line: None)
+    def on_ending(ending: Any) -> None:  # a borrowed lease called back: checkpoint, give it back now
+        if "lent while idle" in getattr(ending, "reason", "") + getattr(ending, "notice", ""):
+            why.append("called back")
+            lost.set()
+
+    session = LeaseSession(socket, on_lost=on_lost, on_ending=on_ending, say=lambda _line: None)
     try:
-        asked = time.time()
         request = LeaseRequest(gpus=job["gpus"], time=job["time"] or None, reservation=job["reservation"],
                                command=f"lab job {job['id']}")
-        session.acquire(request)
+        lease = session.acquire(request)
         granted = time.time()
         if not job["reservation"]:  # a reservation is the user's: it needs no heartbeat
             session.start_heartbeat()
-        lost.wait(max(0.0, granted + job["hold"] - time.time()))
+        lost.wait(max(0.0, granted + hold - time.time()))
         ended = time.time()  # before the release: the next grant may come before its reply
-        session.release()
-        _say({"id": job["id"], "asked": asked, "granted": granted, "ended": ended})
-    except LeaseError as exc:
-        _say({"id": job["id"], "error": str(exc)})
+        try:
+            session.release()
+        except LeaseError:
+            if not lost.is_set():
+                raise  # (a lease that ended meanwhile has nothing to give back)
+        runs.append([granted, ended])
+        return lease.borrowed and lost.is_set() and ended < granted + hold - 0.01
     finally:
         session.close()
 

@@ -31,9 +31,12 @@ import subprocess
 import time
 from pathlib import Path
 
+from bench.testbeds.slurm_accounting import Accounting
+
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("srun", "sbatch", "sinfo", "scontrol", "squeue", "scancel")
 FAKE_GPU_MAJOR = 195  # the major number of the real driver's device nodes
+CLUSTER = "vaccel-test"
 
 
 class SlurmStartError(RuntimeError):
@@ -62,12 +65,13 @@ class SlurmCluster:
     the test partition's limits."""
 
     def __init__(self, root: Path, *, gpus: int = 4, cpus: int = 8, settings: str = "",
-                 partition: str = "MaxTime=INFINITE") -> None:
+                 partition: str = "MaxTime=INFINITE", accounting: Accounting | None = None) -> None:
         self.root = Path(root)
         self.gpus = gpus
         self.cpus = cpus
         self.settings = settings
         self.partition = partition
+        self.accounting = accounting  # fair share through slurmdbd (bench/testbeds/slurm_accounting.py)
         self.node = socket.gethostname().split(".")[0]
         self.conf = self.root / "etc" / "slurm.conf"
         self.devices = [self.root / "dev" / f"nvidia{i}" for i in range(gpus)]
@@ -95,6 +99,10 @@ class SlurmCluster:
         try:
             self._write_files()
             self._start_munged(deadline)
+            if self.accounting is not None:
+                self.accounting.start(self.root, self.node, CLUSTER, self.root / "munge" / "munge.socket.2",
+                                      self._spawn,
+                                      lambda what, ready: self._until(deadline, what, ready), self.env())
             self._spawn("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
             self._spawn("slurmd", ["slurmd", "-D", "-f", str(self.conf), "-N", self.node])
             self._wait_idle(deadline)
@@ -126,11 +134,17 @@ class SlurmCluster:
             if not dev.exists():
                 os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(FAKE_GPU_MAJOR, i))
             dev.chmod(0o666)  # mknod's mode is masked by the umask
-        ctld_port, slurmd_port = _free_ports(2)
+        ctld_port, slurmd_port, *accounting_ports = _free_ports(4 if self.accounting is not None else 2)
         r = self.root
+        storage = "AccountingStorageType=accounting_storage/none"
+        partition = self.partition
+        if self.accounting is not None:
+            self.accounting.db_port, self.accounting.dbd_port = accounting_ports
+            storage = self.accounting.slurm_conf(r / "munge" / "munge.socket.2")
+            partition = f"{partition} {self.accounting.partition()}"
         last = f"[0-{self.gpus - 1}]" if self.gpus > 1 else "0"
         self.conf.write_text(f"""\
-ClusterName=vaccel-test
+ClusterName={CLUSTER}
 SlurmctldHost={self.node}(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
@@ -148,7 +162,7 @@ SlurmdLogFile={r}/log/slurmd.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
+{storage}
 SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
@@ -161,7 +175,7 @@ KillWait=2
 Epilog=/bin/true
 {self.settings}
 NodeName={self.node} NodeAddr=127.0.0.1 CPUs={self.cpus} RealMemory=2000 Gres=gpu:{self.gpus} State=UNKNOWN
-PartitionName=test Nodes={self.node} Default=YES {self.partition} State=UP
+PartitionName=test Nodes={self.node} Default=YES {partition} State=UP
 """)
         (r / "etc" / "gres.conf").write_text(
             f"AutoDetect=off\nNodeName={self.node} Name=gpu File={r}/dev/nvidia{last}\n")
@@ -210,7 +224,7 @@ PartitionName=test Nodes={self.node} Default=YES {self.partition} State=UP
                 self.cancel_all()
             except subprocess.TimeoutExpired:
                 pass
-        for name in ("slurmd", "slurmctld", "munged"):
+        for name in ("slurmd", "slurmctld", "slurmdbd", "mariadbd", "munged"):
             proc = self._procs.pop(name, None)
             if proc is None or proc.poll() is not None:
                 continue

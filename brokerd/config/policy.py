@@ -1,7 +1,7 @@
 """The `[policy]` section of the daemon's config: per-user limits with per-group
 overrides, the lease time limits, and the fair queue's settings (docs/policy.md).
 
-    [policy]                 fair_half_life, aging, idle_reclaim, idle_warning
+    [policy]                 fair_half_life, aging, idle_reclaim, idle_warning, lend_idle, lend_notice
     [policy.default]         every user: max_devices, max_waiting, time_default, time_max,
                              max_device_hours, window, max_leases, min_share
     [policy.group.NAME]      members of Unix group NAME: any key of [policy.default]
@@ -85,6 +85,8 @@ class PolicyConfig:
     aging_s: float = 4 * 3600.0
     idle_reclaim_s: float = 0.0  # 0 = off
     idle_warning_s: float = 300.0  # notice given before an idle lease is reclaimed
+    lend_idle: bool = False  # a request over its limits may borrow devices no request within them can use
+    lend_notice_s: float = 300.0  # notice a borrowed lease gets when a request within limits needs its device
 
     def for_user(self, user: str) -> EffectiveLimits:
         """The limits of the user named `user`: [policy.default] under the first group table,
@@ -132,6 +134,7 @@ _TOP_KEYS = {
     "aging": "aging_s",
     "idle_reclaim": "idle_reclaim_s",
     "idle_warning": "idle_warning_s",
+    "lend_notice": "lend_notice_s",
 }
 
 
@@ -217,13 +220,17 @@ def parse_policy(doc: dict[str, Any], source: str, text: str = "") -> PolicyConf
                     raise PolicyError(f"{source}{f':{line}' if line else ''}: [{name}]: there is no Unix group "
                                       f"{group!r} on this host (getent group {group})") from None
                 groups.append((group, _limits(table, name, where)))
+        elif key == "lend_idle":
+            if not isinstance(value, bool):
+                raise where("policy", key, f"must be true or false, got {value!r}")
+            top["lend_idle"] = value
         elif key in _TOP_KEYS:
             try:
                 top[_TOP_KEYS[key]] = _checked(key, value, parse_duration)
             except (TypeError, ValueError) as exc:
                 raise where("policy", key, str(exc)) from None
         else:
-            known = ", ".join([*_TOP_KEYS, "default", "group"])
+            known = ", ".join([*_TOP_KEYS, "lend_idle", "default", "group"])
             raise where("policy", key, f"unknown key {key!r}; known keys: {known}")
     policy = PolicyConfig(default=default, groups=tuple(groups), **top)
     for name, limits in [("policy.default", policy.default), *((f"policy.group.{g}", lim) for g, lim in groups)]:

@@ -50,6 +50,8 @@ class Governance:
         windows = [config.policy.default.window_s or 0.0, *(g.window_s or 0.0 for _, g in config.policy.groups)]
         self.manager.usage.window_s = max(windows) or self.manager.usage.window_s
         self.manager.aging_s = config.policy.aging_s
+        self.manager.lending.enabled = config.policy.lend_idle
+        self.manager.lending.notice_s = config.policy.lend_notice_s
 
     def limits_for(self, holder: Holder) -> EffectiveLimits:
         """The limits that apply to the holder's user."""

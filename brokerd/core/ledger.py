@@ -88,6 +88,12 @@ class Ledger:
         for grant in grants:
             self.store.save_grant_then(grant.lease, grant.request.id,
                                        lambda error, grant=grant: self._granted_durably(grant, error))
+        for lease in self.manager.lending.recalled:  # borrowed, and a request within limits needs it
+            self.tasks.keep(self.store.save_ending(lease), "a borrowed lease's notice")
+            log_event("notice", f"lease {lease.id} of {lease.holder.user}: {lease.notice}", lease_id=lease.id,
+                      user=lease.holder.user, device_uuids=lease.devices)
+            self._deadline_moved(self.manager.deadline(lease))
+            self.changes.changed()
 
     def pump_soon(self) -> None:
         """The pump, in a task of its own (after a change that is not an end)."""

@@ -122,6 +122,9 @@ class DurableQueue:
                 except Exception as exc:  # CancelledError (the client left) is no Exception: it passes
                     raise Internal(f"the broker could not record the request durably: {exc}") from exc
             self.waiting.tell(self.manager, record.request_id)  # its own place at once
+            lending = self.manager.lending
+            if lending.enabled or any(lease.borrowed for lease in self.manager.leases.values()):
+                self.ledger.pump_soon()  # it may borrow, or need what is lent (brokerd/leasing/lending.py)
             self.waiting.announce(self.manager)  # everyone else's total changed
             self.changes.changed()
             while True:

@@ -62,6 +62,7 @@ def _add_lease(msg: pb.Device, lease: Lease) -> None:
     if lease.reservation:
         msg.holder.pid = 0  # held by the user: the command that booked it has gone
     msg.since = lease.granted_at
+    msg.borrowed = lease.borrowed
     if lease.expires_at and lease.active:
         msg.time_left_s = max(0.0, lease.expires_at - time.time())
 
@@ -105,7 +106,7 @@ def lease_pb(lease: Lease, *, ttl_s: float, device: Callable[[str], Device | Non
         member_pids=sorted(member.pid for member in lease.members), simulated=lease.simulated,
         accelerator_config_yaml=lease.terms.accelerator_config_yaml, ended_at=lease.ended_at,
         reservation=lease.reservation, requested_at=lease.requested_at, notice=lease.notice,
-        time_limit_s=lease.time_limit_s, slurm_job_id=job_id, share_mib=lease.share_mib,
+        time_limit_s=lease.time_limit_s, slurm_job_id=job_id, share_mib=lease.share_mib, borrowed=lease.borrowed,
     )
     fill_holder(msg.holder, lease.holder, lease.container)
     for uuid in lease.devices:

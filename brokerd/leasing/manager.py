@@ -38,6 +38,7 @@ from brokerd.leasing.fairshare import UsageBook
 from brokerd.leasing.grants import lease_for
 from brokerd.leasing.holders_line import holders_line
 from brokerd.leasing.holdings import Holdings
+from brokerd.leasing.lending import Lending, whole_devices_for
 from brokerd.leasing.model import (
     ENDED_STATES,
     LOST,
@@ -54,7 +55,7 @@ from brokerd.leasing.model import (
 from brokerd.leasing.queue import LeaseQueue
 from brokerd.leasing.queue_rules import BACKFILL
 from brokerd.leasing.reservations import Reservations
-from brokerd.leasing.shares import pick_share_device, select_whole, share_problem
+from brokerd.leasing.shares import pick_share_device, share_problem
 
 _HISTORY = 1000
 _NO_TERMS = LeaseTerms()
@@ -84,6 +85,7 @@ class LeaseManager:
         self.usage = UsageBook()  # recent use per user, for the fair queue and the limits
         # The queue reads the clock through the manager, so a clock swapped in (tests) is its too.
         self.waiting = LeaseQueue(self.holdings, self.usage, lambda: self._clock())
+        self.lending = Lending(self.holdings, self.waiting, lambda: self._clock(), lambda: self.max_duration_s)
         self.ended: dict[str, Lease] = {}  # recent history, oldest first
         self._evaluations = Evaluations()
 
@@ -216,14 +218,8 @@ class LeaseManager:
         if request.ask.memory_mib:
             device = pick_share_device(request, self.holdings, reserved)
             return self._grant(request, [device]) if device is not None else None
-        eligible = set(request.evaluation.eligible)
-        free = [d for d in free if d.uuid in eligible]
-        if not reserved.keeps_nothing:
-            free = [d for d in free if reserved.permits(d.uuid, request)]
-        if len(free) < request.requirement.gpus:
-            return None
-        chosen = select_whole(request.requirement, free, self.holdings, request.evaluation)
-        if not chosen:
+        chosen = whole_devices_for(request, reserved, free, self.holdings)
+        if chosen is None:
             return None
         # One lease drives one backend: the policy never mixes vendors in one grant.
         assert len({d.backend for d in chosen}) == 1, "selection mixed backends"
@@ -286,7 +282,9 @@ class LeaseManager:
         """End a lease on request: released when its holder's user asks, revoked when
         someone else does (permissions let only an admin get this far)."""
         lease = self.active(lease_id)
-        if lease.ending_state == REVOKED:  # told it was revoked, it gave up early: still a revoke
+        if lease.ending_state == REVOKED:  # told it was revoked, it gave up early: still a revoke...
+            if lease.borrowed and by_uid == lease.holder.uid:  # ...but a borrower giving back when called back
+                return self._end(lease, RELEASED, f"gave back what it borrowed: {lease.notice}")  # is not reaped
             return self._end(lease, REVOKED, endings.past(lease.notice))
         if by_uid == lease.holder.uid:
             return self._end(lease, RELEASED, reason or "released by its holder")
@@ -388,8 +386,10 @@ class LeaseManager:
 
     def pump(self) -> list[Grant]:
         """Grant queued requests that can now be satisfied, in the queue's order, and
-        leave on each one left waiting the reason it waits."""
-        return self.waiting.pump(self._try_grant)
+        leave on each one left waiting the reason it waits; then lend what stays idle
+        (brokerd/leasing/lending.py: `lending.recalled` are the borrowed leases told to end)."""
+        grants = self.waiting.pump(self._try_grant)
+        return grants + self.lending.after_pump(self._try_grant, self.end_early)
 
     def cancel(self, request_id: str) -> bool:
         """Take a waiting request off the queue; False when it is not there."""

@@ -76,6 +76,10 @@ class Lease:
     # devices whole.
     share_mib: int = 0
     share_of_mib: int = 0
+    # Lent while idle ([policy] lend_idle, brokerd/leasing/lending.py): granted over its
+    # user's limits on devices no request within limits could use; it ends with notice
+    # when such a request needs them.
+    borrowed: bool = False
 
     @property
     def active(self) -> bool:

@@ -128,12 +128,15 @@ class LeaseQueue:
 
     # -- what waiters keep, and what holds them back ------------------------------------
 
-    def reservations(self) -> Reservations:
+    def reservations(self, lent_out: frozenset[str] = frozenset()) -> Reservations:
+        """What the waiters keep, built in queue order by the caller. `lent_out`: borrowed
+        leases to plan as if they had ended (brokerd/leasing/lending.py asks what their
+        devices would let start)."""
         now = self._clock()
         holdings = self.holdings
 
         def ends(lease_id: str) -> float:
-            return holdings.leases[lease_id].expires_at or NEVER
+            return now if lease_id in lent_out else holdings.leases[lease_id].expires_at or NEVER
 
         def available_at() -> dict[str, float]:
             when = {}
@@ -154,7 +157,9 @@ class LeaseQueue:
                     for u in holdings.shared if (d := holdings.devices.get(u)) is not None and d.healthy
                     and u not in holdings.drained and u not in holdings.unavailable}
 
-        return Reservations(holdings.leases.values(), now=now, available_at=available_at, rooms=rooms)
+        leases = [lease for lease in holdings.leases.values() if lease.id not in lent_out] if lent_out \
+            else holdings.leases.values()
+        return Reservations(leases, now=now, available_at=available_at, rooms=rooms)
 
     def wait_reason(self, request: Request, reserved: Reservations, free: list[Device], users_ahead: int) -> str:
         """Why a request that no limit holds back still waits (queue_rules, or for a memory

@@ -11,7 +11,7 @@ import sqlite3
 
 log = logging.getLogger("vaccel.brokerd")
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # Columns each older version lacks, added in place at start-up (after the read-only checks).
 MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -25,6 +25,7 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
     3: ("ALTER TABLE leases ADD COLUMN container TEXT NOT NULL DEFAULT ''",),
     4: ("ALTER TABLE leases ADD COLUMN share_mib INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE leases ADD COLUMN share_of_mib INTEGER NOT NULL DEFAULT 0"),
+    5: ("ALTER TABLE leases ADD COLUMN borrowed INTEGER NOT NULL DEFAULT 0",),
 }
 
 SCHEMA = """
@@ -43,7 +44,8 @@ CREATE TABLE IF NOT EXISTS leases (
     notice TEXT NOT NULL DEFAULT '', time_limit_s REAL NOT NULL DEFAULT 0,
     ending_state TEXT NOT NULL DEFAULT '', request_key TEXT NOT NULL DEFAULT '',
     container TEXT NOT NULL DEFAULT '',
-    share_mib INTEGER NOT NULL DEFAULT 0, share_of_mib INTEGER NOT NULL DEFAULT 0
+    share_mib INTEGER NOT NULL DEFAULT 0, share_of_mib INTEGER NOT NULL DEFAULT 0,
+    borrowed INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS holdings (
     device_uuid TEXT PRIMARY KEY,

@@ -61,7 +61,7 @@ def _lease_row(lease: Lease) -> tuple:
         json.dumps([asdict(w) for w in lease.warnings]), int(lease.simulated),
         json.dumps(sorted(lease.members)), lease.requested_at, int(lease.reservation), lease.notice,
         lease.time_limit_s, lease.ending_state, lease.request_key, container_text(lease.container),
-        lease.share_mib, lease.share_of_mib,
+        lease.share_mib, lease.share_of_mib, int(lease.borrowed),
     )
 
 
@@ -104,6 +104,7 @@ def _lease_from_row(row: sqlite3.Row) -> Lease:
         container=container_from_text(row["container"]),
         share_mib=row["share_mib"],
         share_of_mib=row["share_of_mib"],
+        borrowed=bool(row["borrowed"]),
     )
 
 

@@ -53,7 +53,7 @@ class AttachContainerRequest(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., container_id: _Optional[str] = ..., init_pid: _Optional[int] = ..., held: _Optional[bool] = ..., warn_signal: _Optional[int] = ..., name: _Optional[str] = ..., image: _Optional[str] = ..., starting: _Optional[bool] = ...) -> None: ...
 
 class Device(_message.Message):
-    __slots__ = ("index", "uuid", "vendor", "name", "memory_mib", "pci_bus_id", "arch", "driver_version", "memory_bandwidth_gbps", "healthy", "health_reason", "simulated", "numa_node", "backend", "state", "lease_id", "holder", "since", "memory_used_mib", "interconnect_group", "runtime_version", "compute_capability", "visible_id", "drain_reason", "gated", "time_left_s", "device_nodes", "utilization", "gate_reason", "label", "mig_index", "parent_uuid", "mig_profile", "sharing", "shares", "busy_by")
+    __slots__ = ("index", "uuid", "vendor", "name", "memory_mib", "pci_bus_id", "arch", "driver_version", "memory_bandwidth_gbps", "healthy", "health_reason", "simulated", "numa_node", "backend", "state", "lease_id", "holder", "since", "memory_used_mib", "interconnect_group", "runtime_version", "compute_capability", "visible_id", "drain_reason", "gated", "time_left_s", "device_nodes", "utilization", "gate_reason", "label", "mig_index", "parent_uuid", "mig_profile", "sharing", "shares", "busy_by", "borrowed")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     VENDOR_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +90,7 @@ class Device(_message.Message):
     SHARING_FIELD_NUMBER: _ClassVar[int]
     SHARES_FIELD_NUMBER: _ClassVar[int]
     BUSY_BY_FIELD_NUMBER: _ClassVar[int]
+    BORROWED_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     vendor: str
@@ -126,7 +127,8 @@ class Device(_message.Message):
     sharing: str
     shares: _containers.RepeatedCompositeFieldContainer[Share]
     busy_by: BusyBy
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., vendor: _Optional[str] = ..., name: _Optional[str] = ..., memory_mib: _Optional[int] = ..., pci_bus_id: _Optional[str] = ..., arch: _Optional[str] = ..., driver_version: _Optional[str] = ..., memory_bandwidth_gbps: _Optional[float] = ..., healthy: _Optional[bool] = ..., health_reason: _Optional[str] = ..., simulated: _Optional[bool] = ..., numa_node: _Optional[int] = ..., backend: _Optional[str] = ..., state: _Optional[str] = ..., lease_id: _Optional[str] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ..., since: _Optional[float] = ..., memory_used_mib: _Optional[int] = ..., interconnect_group: _Optional[str] = ..., runtime_version: _Optional[str] = ..., compute_capability: _Optional[str] = ..., visible_id: _Optional[str] = ..., drain_reason: _Optional[str] = ..., gated: _Optional[bool] = ..., time_left_s: _Optional[float] = ..., device_nodes: _Optional[_Iterable[str]] = ..., utilization: _Optional[float] = ..., gate_reason: _Optional[str] = ..., label: _Optional[str] = ..., mig_index: _Optional[int] = ..., parent_uuid: _Optional[str] = ..., mig_profile: _Optional[str] = ..., sharing: _Optional[str] = ..., shares: _Optional[_Iterable[_Union[Share, _Mapping]]] = ..., busy_by: _Optional[_Union[BusyBy, _Mapping]] = ...) -> None: ...
+    borrowed: bool
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., vendor: _Optional[str] = ..., name: _Optional[str] = ..., memory_mib: _Optional[int] = ..., pci_bus_id: _Optional[str] = ..., arch: _Optional[str] = ..., driver_version: _Optional[str] = ..., memory_bandwidth_gbps: _Optional[float] = ..., healthy: _Optional[bool] = ..., health_reason: _Optional[str] = ..., simulated: _Optional[bool] = ..., numa_node: _Optional[int] = ..., backend: _Optional[str] = ..., state: _Optional[str] = ..., lease_id: _Optional[str] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ..., since: _Optional[float] = ..., memory_used_mib: _Optional[int] = ..., interconnect_group: _Optional[str] = ..., runtime_version: _Optional[str] = ..., compute_capability: _Optional[str] = ..., visible_id: _Optional[str] = ..., drain_reason: _Optional[str] = ..., gated: _Optional[bool] = ..., time_left_s: _Optional[float] = ..., device_nodes: _Optional[_Iterable[str]] = ..., utilization: _Optional[float] = ..., gate_reason: _Optional[str] = ..., label: _Optional[str] = ..., mig_index: _Optional[int] = ..., parent_uuid: _Optional[str] = ..., mig_profile: _Optional[str] = ..., sharing: _Optional[str] = ..., shares: _Optional[_Iterable[_Union[Share, _Mapping]]] = ..., busy_by: _Optional[_Union[BusyBy, _Mapping]] = ..., borrowed: _Optional[bool] = ...) -> None: ...
 
 class Share(_message.Message):
     __slots__ = ("lease_id", "user", "uid", "memory_mib", "used_mib", "since")
@@ -238,7 +240,7 @@ class CheckLine(_message.Message):
     def __init__(self, level: _Optional[str] = ..., name: _Optional[str] = ..., message: _Optional[str] = ..., device_uuid: _Optional[str] = ..., suggestion: _Optional[str] = ...) -> None: ...
 
 class Lease(_message.Message):
-    __slots__ = ("id", "backend", "devices", "holder", "granted_at", "expires_at", "heartbeat_interval_s", "ttl_s", "state", "end_reason", "allocator_config", "memory_cap_mib", "warnings", "member_pids", "simulated", "accelerator_config_yaml", "ended_at", "reservation", "requested_at", "notice", "time_limit_s", "slurm_job_id", "share_mib")
+    __slots__ = ("id", "backend", "devices", "holder", "granted_at", "expires_at", "heartbeat_interval_s", "ttl_s", "state", "end_reason", "allocator_config", "memory_cap_mib", "warnings", "member_pids", "simulated", "accelerator_config_yaml", "ended_at", "reservation", "requested_at", "notice", "time_limit_s", "slurm_job_id", "share_mib", "borrowed")
     ID_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
@@ -262,6 +264,7 @@ class Lease(_message.Message):
     TIME_LIMIT_S_FIELD_NUMBER: _ClassVar[int]
     SLURM_JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SHARE_MIB_FIELD_NUMBER: _ClassVar[int]
+    BORROWED_FIELD_NUMBER: _ClassVar[int]
     id: str
     backend: str
     devices: _containers.RepeatedCompositeFieldContainer[Device]
@@ -285,7 +288,8 @@ class Lease(_message.Message):
     time_limit_s: float
     slurm_job_id: int
     share_mib: int
-    def __init__(self, id: _Optional[str] = ..., backend: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ..., granted_at: _Optional[float] = ..., expires_at: _Optional[float] = ..., heartbeat_interval_s: _Optional[float] = ..., ttl_s: _Optional[float] = ..., state: _Optional[str] = ..., end_reason: _Optional[str] = ..., allocator_config: _Optional[str] = ..., memory_cap_mib: _Optional[int] = ..., warnings: _Optional[_Iterable[_Union[CheckLine, _Mapping]]] = ..., member_pids: _Optional[_Iterable[int]] = ..., simulated: _Optional[bool] = ..., accelerator_config_yaml: _Optional[str] = ..., ended_at: _Optional[float] = ..., reservation: _Optional[bool] = ..., requested_at: _Optional[float] = ..., notice: _Optional[str] = ..., time_limit_s: _Optional[float] = ..., slurm_job_id: _Optional[int] = ..., share_mib: _Optional[int] = ...) -> None: ...
+    borrowed: bool
+    def __init__(self, id: _Optional[str] = ..., backend: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[Device, _Mapping]]] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ..., granted_at: _Optional[float] = ..., expires_at: _Optional[float] = ..., heartbeat_interval_s: _Optional[float] = ..., ttl_s: _Optional[float] = ..., state: _Optional[str] = ..., end_reason: _Optional[str] = ..., allocator_config: _Optional[str] = ..., memory_cap_mib: _Optional[int] = ..., warnings: _Optional[_Iterable[_Union[CheckLine, _Mapping]]] = ..., member_pids: _Optional[_Iterable[int]] = ..., simulated: _Optional[bool] = ..., accelerator_config_yaml: _Optional[str] = ..., ended_at: _Optional[float] = ..., reservation: _Optional[bool] = ..., requested_at: _Optional[float] = ..., notice: _Optional[str] = ..., time_limit_s: _Optional[float] = ..., slurm_job_id: _Optional[int] = ..., share_mib: _Optional[int] = ..., borrowed: _Optional[bool] = ...) -> None: ...
 
 class AcquireUpdate(_message.Message):
     __slots__ = ("queued", "granted")

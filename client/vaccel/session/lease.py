@@ -85,6 +85,7 @@ class Lease:
         self.devices: list[DeviceInfo] = [DeviceInfo.from_pb(d) for d in msg.devices]
         self.memory_cap_mib: int = msg.memory_cap_mib
         self.share_mib: int = msg.share_mib  # a memory share of its one device, 0 = whole devices
+        self.borrowed: bool = msg.borrowed  # lent while idle ([policy] lend_idle): ends with notice when needed
         self.simulated: bool = msg.simulated
         self.joined = joined
         self.warnings = [f"{w.name}: {w.message}" for w in msg.warnings]
