@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -110,8 +112,10 @@ def test_a_bad_trace_is_one_line_and_status_2(tmp_path: Path) -> None:
                                   "submit_s and time_limit_s >= 0"
 
 
-def _bench(*args: str) -> subprocess.CompletedProcess[str]:
+def _bench(*args: str, tmp: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("VACCEL_SOCKET", "VACCEL_LEASE_ID")}
+    if tmp is not None:  # the run's temp dirs go there (tempfile follows TMPDIR), nobody else's
+        env["TMPDIR"] = str(tmp)
     return subprocess.run([sys.executable, "-m", "bench.lab", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=150)
 
@@ -119,10 +123,15 @@ def _bench(*args: str) -> subprocess.CompletedProcess[str]:
 def _replay(tmp_path: Path, systems: str) -> dict:
     path = tmp_path / "tiny.jsonl"
     path.write_text("".join(json.dumps(job) + "\n" for job in TINY))
-    before = set(Path("/tmp").glob("vaccel-bench-lab-*"))
-    done = _bench("--trace", str(path), "--devices", "2", "--speed", "1200", "--systems", systems, "--json")
-    assert done.returncode == 0, done.stderr
-    assert set(Path("/tmp").glob("vaccel-bench-lab-*")) <= before, "the run left its temp dir behind"
+    # A folder of this run's own, short (socket paths), so another run's temp dirs never count.
+    tmp = Path(tempfile.mkdtemp(prefix="vbl-", dir="/tmp"))
+    try:
+        done = _bench("--trace", str(path), "--devices", "2", "--speed", "1200", "--systems", systems, "--json",
+                      tmp=tmp)
+        assert done.returncode == 0, done.stderr
+        assert list(tmp.iterdir()) == [], "the run left its temp dir behind"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return json.loads(done.stdout)
 
 
