@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import NamedTuple
 
+from brokerd.base.clock import wall
 from brokerd.base.journal import log_event
 from brokerd.base.process import Holder, ProcessId
 from brokerd.config.loader import Config
@@ -78,8 +79,9 @@ class DurableQueue:
         """A request the manager queued: record it (on disk before its waiter hears its
         place), then wait for its grant."""
         box = self.waiting.open(request.id)
-        deadline = 0.0 if max_wait_s is None else time.time() + max_wait_s
-        record = WaitRecord(request.id, key, holder, time.time(), deadline, spec)
+        now = wall()
+        deadline = 0.0 if max_wait_s is None else now + max_wait_s
+        record = WaitRecord(request.id, key, holder, now, deadline, spec)
         self.records.add(record)
         saved = self.store.save_queued(record)
         log_event("queue", f"{holder.user} (pid {holder.pid}) waits for " + (
@@ -124,8 +126,11 @@ class DurableQueue:
             self.waiting.tell(self.manager, record.request_id)  # its own place at once
             self.waiting.announce(self.manager)  # everyone else's total changed
             self.changes.changed()
+            # The record's deadline is a wall-clock time (it outlives a restart); the wait
+            # runs on the monotonic clock from here, so a step of the wall clock moves nothing.
+            ends = time.monotonic() + record.deadline - wall() if record.deadline else None
             while True:
-                timeout = None if not record.deadline else max(0.0, record.deadline - time.time())
+                timeout = None if ends is None else max(0.0, ends - time.monotonic())
                 try:
                     update = await box.receive(timeout)
                 except TimeoutError:
@@ -161,7 +166,7 @@ class DurableQueue:
         """A restored request whose client does not come back in time leaves the queue."""
         wait = REATTACH_GRACE_S
         if record.deadline:
-            wait = min(wait, record.deadline - time.time())
+            wait = min(wait, record.deadline - wall())
         await asyncio.sleep(max(0.0, wait))
         current = self.records.get(record.request_id)
         if current is None or current.lease_id or self.waiting.attached(record.request_id):

@@ -18,10 +18,10 @@ Add-ons plug in through `add_hook`, `use_allocator`, `use_reporter` and `use_con
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from brokerd.base.clock import StepWatch, wall
 from brokerd.base.process import Holder, Identity, ProcessId
 from brokerd.config.loader import Config
 from brokerd.contract import Requirement, evaluate
@@ -72,12 +72,12 @@ class BrokerService:
         snapshot: Snapshot,
         *,
         refresh: Callable[[], Snapshot] | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,  # None: the wall clock, its steps followed
     ) -> None:
-        self._config = config
-        self.store = store
+        self._config, self.store = config, store
         self.manager = LeaseManager(snapshot.devices, ttl_s=config.heartbeat_ttl_s,
-                                    max_duration_s=config.max_lease_duration_s, clock=clock)
+                                    max_duration_s=config.max_lease_duration_s, clock=clock or wall,
+                                    steps=None if clock else StepWatch().step)
         # Both read the config at each use: a reload changes the admin group.
         self.users = UserDirectory(lambda: self._config.admin_gid())
         self.permissions = Permissions(self.users.is_admin, lambda: self._config.admin_group)
