@@ -82,3 +82,20 @@ def test_a_wall_clock_step_back_keeps_no_lease_past_its_limit():
             assert not leased(broker)
         finally:
             broker.stop()
+
+
+def test_a_restart_after_a_step_restores_the_limits_as_they_run():
+    with tempfile.TemporaryDirectory(prefix="vaccel-") as tmp:
+        broker, step = stepped_broker(Path(tmp))
+        try:
+            holder, lease_id = hold(broker, "1h")
+            step.write_text("600\n")
+            wait_for(lambda: "after the wall-clock step are on disk" in broker.log.read_text(), timeout=60)
+            broker.kill9()
+            broker.start()  # the wall clock, 10 minutes ahead now, trusted again
+            left = [d["time_left_s"] for d in status(broker)["devices"] if d.get("lease_id") == lease_id]
+            assert left and left[0] > 3000, left  # not an hour less the step
+            out, _ = holder.communicate("\n", timeout=30)
+            assert out.strip() == "done", out
+        finally:
+            broker.stop()

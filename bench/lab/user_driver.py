@@ -8,7 +8,7 @@ stdin: one JSON line {"jobs": [{"id", "at", "gpus", "hold", "time", "reservation
 (real seconds after the replay's start: `at` when to ask, `hold` how long to hold, `time`
 the time limit to give, 0 for none), then, once this process has printed "ready", a line
 with the replay's start as Unix time. stdout: one JSON line per job as it ends:
-{"id", "asked", "granted", "ended"} (Unix times) or {"id", "error"}.
+{"id", "asked", "granted", "ended"} (Unix times), "lease", "devices" (uuids) or {"id", "error"}.
 """
 
 from __future__ import annotations
@@ -49,14 +49,15 @@ def run_job(socket: str, start: float, job: dict[str, Any]) -> None:
         asked = time.time()
         request = LeaseRequest(gpus=job["gpus"], time=job["time"] or None, reservation=job["reservation"],
                                command=f"lab job {job['id']}")
-        session.acquire(request)
+        held = session.acquire(request)
         granted = time.time()
         if not job["reservation"]:  # a reservation is the user's: it needs no heartbeat
             session.start_heartbeat()
         lost.wait(max(0.0, granted + job["hold"] - time.time()))
         ended = time.time()  # before the release: the next grant may come before its reply
         session.release()
-        _say({"id": job["id"], "asked": asked, "granted": granted, "ended": ended})
+        _say({"id": job["id"], "asked": asked, "granted": granted, "ended": ended, "lease": held.id,
+              "devices": [d.uuid for d in held.devices]})
     except LeaseError as exc:
         _say({"id": job["id"], "error": str(exc)})
     finally:

@@ -25,7 +25,7 @@ from brokerd.core.liveness import ProcessWatcher
 from brokerd.core.tasks import Tasks
 from brokerd.core.views import find_device
 from brokerd.core.waiting import Mailbox, QueuedUpdate, WaitingRoom
-from brokerd.leasing.errors import DeadlineExceeded, Internal
+from brokerd.leasing.errors import DeadlineExceeded, not_recorded
 from brokerd.leasing.manager import LeaseManager
 from brokerd.leasing.model import RELEASED, Ask, Lease, LeaseTerms, Request
 from brokerd.state.queue_record import WaitRecord, WaitRecords
@@ -122,7 +122,7 @@ class DurableQueue:
                 try:
                     await asyncio.shield(saved)
                 except Exception as exc:  # CancelledError (the client left) is no Exception: it passes
-                    raise Internal(f"the broker could not record the request durably: {exc}") from exc
+                    raise not_recorded(f"the broker could not record the request durably: {exc}", exc) from exc
             self.waiting.tell(self.manager, record.request_id)  # its own place at once
             self.waiting.announce(self.manager)  # everyone else's total changed
             self.changes.changed()

@@ -129,6 +129,12 @@ def open_database(path: Path, clock: Callable[[], float] = wall) -> sqlite3.Conn
     try:
         return _open(path)
     except sqlite3.DatabaseError as exc:
+        if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+            # A full disk says nothing about the file: moving it aside lost a lab's
+            # accounting (issue 46's faulted replay). Open it as it is; the rows it cannot
+            # take yet are kept in memory and written when the disk has room (`_write`).
+            log.error("accounting: %s cannot be written to (%s); rows wait in memory", path, exc)
+            return sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         aside = path.with_name(f"{path.name}.unreadable-{int(clock())}")
         for suffix in ("", "-wal", "-shm"):
             with contextlib.suppress(FileNotFoundError):
