@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from vaccel.session.outcome import EXIT_UNAVAILABLE
 
 from tests.test_broker_integration import wait_for
 
@@ -49,12 +50,19 @@ def test_a_full_disk_refuses_grants_with_the_reason_and_loses_no_ended_lease(sta
     # The first lease's command fills the disk: its end (and its accounting row) meet a full disk.
     first = broker.vaccel("run", "--", "sh", "-c", f"dd if=/dev/zero of={filler} bs=64k 2>/dev/null; true")
     assert first.returncode == 0, first.stderr
-    refused = broker.vaccel("run", "--", "true")
-    assert refused.returncode == 1 and "disk is full" in refused.stderr, refused.stderr
+    refused = broker.vaccel("run", "--no-wait", "--", "true")
+    # 69, unavailable for now (EX_UNAVAILABLE): it passes, unlike a refusal (1).
+    assert refused.returncode == EXIT_UNAVAILABLE and "disk is full" in refused.stderr, refused.stderr
     status = broker.vaccel("status", "--json")
     assert status.returncode == 0 and all(d["state"] == "free" for d in json.loads(status.stdout)["devices"])
+    # One that waits is told why and asks again until the disk has room (its job is not lost).
+    waiting = subprocess.Popen([broker.python, "-m", "vaccel.cli", "run", "--", "true"], env=broker.env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    told = waiting.stderr.readline()
+    assert "disk is full" in told and "asking again" in told, told
 
     filler.unlink()
+    assert waiting.wait(timeout=60) == 0, waiting.stderr.read()
     again = broker.vaccel("run", "--", "true")
     assert again.returncode == 0, again.stderr
     wanted = {lease_id(first), lease_id(again)}

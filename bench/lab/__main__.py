@@ -25,7 +25,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from bench.lab import plan, replay_slurm, replay_vaccel
+from bench.lab import faults, plan, replay_slurm, replay_vaccel
 from bench.lab.metrics import figures, ratios
 from bench.lab.trace import HOUR, TraceError, generate, read, summary, to_jsonl
 from vaccel_common.units import format_duration
@@ -38,6 +38,13 @@ def _systems(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(f"unknown system {', '.join(unknown) or '(none)'}; "
                                          f"choose from {', '.join(plan.SYSTEMS)}")
     return list(dict.fromkeys(names))
+
+
+def _faults(text: str) -> list[faults.Fault]:
+    try:
+        return faults.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,11 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, default=3600.0,
                         help="real seconds one system's replay may take before it is called failed (3600)")
     parser.add_argument("--write-trace", metavar="FILE", help="write the trace (JSON lines) and exit")
+    parser.add_argument("--faults", metavar="SPEC", type=_faults, default=None,
+                        help="inject faults into the vaccel systems' replays, e.g. "
+                             "kill9=45m,restart=6h,enospc=3h,clock=+10m@5h (bench/lab/faults.py)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     return parser
 
 
 def _problem(args: argparse.Namespace) -> str:
+    if args.faults and faults.enospc_needs_root(args.faults):
+        return faults.enospc_needs_root(args.faults)
     if args.speed <= 0 or args.hours <= 0 or args.users < 1 or args.devices < 1 or args.timeout <= 0:
         return "--speed, --hours, --timeout must be positive; --users and --devices at least 1"
     if any(name.startswith("slurm") for name in args.systems):
@@ -93,14 +105,19 @@ def run(args: argparse.Namespace, jobs: list[Any]) -> dict[str, Any]:
         try:
             if name.startswith("slurm"):
                 outcomes, setup[name] = replay_slurm.replay(steps, compression, args.devices, args.timeout, name)
+                injected: dict[str, Any] | str = "not applicable (faults are injected into vaccel's daemon)"
             else:
-                outcomes, setup[name] = replay_vaccel.replay(steps, name, compression, args.devices, args.timeout)
+                outcomes, setup[name] = replay_vaccel.replay(steps, name, compression, args.devices, args.timeout,
+                                                             args.faults)
+                injected = setup[name].pop("faults", {})
         except replay_vaccel.ReplayError as exc:  # the other systems' figures are kept: a run is long
             failed[name] = str(exc)
             print(f"bench.lab: {exc}", file=sys.stderr, flush=True)
             continue
         systems[name] = {**figures(outcomes, args.devices), "replay_s": time.monotonic() - began,
                          "outcomes": [asdict(o) for o in outcomes]}
+        if args.faults:
+            systems[name]["faults"] = injected
         done = systems[name]
         print(f"bench.lab: {name} done in {done['replay_s']:.0f} s: utilization {done['utilization']:.3f}, "
               f"wait p50 {format_duration(done['wait_p50_s'])}, makespan {format_duration(done['makespan_s'])}",
@@ -138,6 +155,12 @@ def render(result: dict[str, Any]) -> str:
         lines.append(f"{label:<32}{_ratio(r, 'utilization', 7)}{_ratio(r, 'idle_while_waiting_s', 11)}"
                      f"{_ratio(r, 'wait_p50_s', 10)}{_ratio(r, 'wait_p90_s', 10)}{_ratio(r, 'wait_max_s', 10)}"
                      f"{_ratio(r, 'jain', 7)}{_ratio(r, 'slowdown_user_median', 8)}{'':6}{_ratio(r, 'makespan_s', 10)}")
+    for name, s in result["systems"].items():
+        f = s.get("faults")
+        if isinstance(f, dict) and f:
+            lines.append(f"{name} faults {f['injected']}: {f['jobs_completed']}/{f['jobs_expected']} jobs completed, "
+                         f"{f['jobs_lost']} lost, {f['double_grants']} double grants, "
+                         f"{f['accounting_rows_missing']} accounting rows missing")
     for name, why in result.get("failed", {}).items():
         lines.append(f"{name}: FAILED: {why.splitlines()[0]}")
     if not result["distinct_uids"]:

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from bench.lab.faults import Fault, Injector, accounting_rows
+from bench.lab.faults import report as fault_report
 from bench.lab.metrics import Outcome
 from bench.lab.plan import DEFAULT_LIMIT_S, MAX_LIMIT_S, Compression, Step
 from bench.lab.trace import HOUR
@@ -129,18 +131,23 @@ class _Driver:
 
 
 def replay(steps: list[Step], system: str, compression: Compression, devices: int,
-           timeout_s: float) -> tuple[list[Outcome], dict[str, Any]]:
-    """Run the steps against a fresh broker; the jobs' outcomes and how it was set up."""
+           timeout_s: float, faults: list[Fault] | None = None) -> tuple[list[Outcome], dict[str, Any]]:
+    """Run the steps against a fresh broker; the jobs' outcomes and how it was set up
+    (with `faults`: injected meanwhile, and their figures under "faults", bench/lab/faults.py)."""
     from bench.testbeds.broker import Broker  # a daemon subprocess on a temp socket
 
     workdir = Path(tempfile.mkdtemp(prefix="vaccel-bench-lab-"))
     drivers: list[_Driver] = []
     broker = None
+    injector = Injector(faults, compression, max(s.job.submit_s for s in steps)) if faults else None
     config = broker_config(system, compression, devices, max(s.job.gpus for s in steps))
     try:
         (workdir / "inventory.yaml").write_text(inventory(devices))
         stage = _stage(workdir)
-        broker = Broker(workdir, workdir / "inventory.yaml", config).start()
+        broker = Broker(workdir, workdir / "inventory.yaml", config)
+        if injector is not None:
+            injector.prepare(broker)
+        broker.start()
         users = sorted({s.job.user for s in steps})
         as_root = os.geteuid() == 0
         with (workdir / "drivers.log").open("wb") as log:
@@ -157,28 +164,45 @@ def replay(steps: list[Step], system: str, compression: Compression, devices: in
         start = time.time() + START_MARGIN_S
         for driver in drivers:
             driver.start(start)
+        if injector is not None:
+            injector.start(broker, start)
         deadline = start + timeout_s
         try:
             for driver in drivers:
                 driver.wait(deadline)
         except subprocess.TimeoutExpired:
             raise ReplayError(f"{system}: the replay did not end within {timeout_s:.0f} s") from None
-        return _outcomes(steps, drivers, start, compression, system, workdir), {"config": config}
+        if injector is None:
+            return _outcomes(steps, drivers, start, compression, system, workdir), {"config": config}
+        injector.stop()
+        broker.stop()  # its accounting written out before it is read
+        records = [r for d in drivers for r in d.records]
+        figures = fault_report(injector, len(steps), records, lambda: accounting_rows(broker.state_dir))
+        return _outcomes(steps, drivers, start, compression, system, workdir, lenient=True), \
+            {"config": config, "faults": figures}
     finally:
         for driver in drivers:
             driver.kill()
+        if injector is not None:
+            injector.stop()
         if broker is not None:
             broker.stop()
+        if injector is not None:
+            injector.unmount()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _outcomes(steps: list[Step], drivers: list[_Driver], start: float, compression: Compression,
-              system: str, workdir: Path) -> list[Outcome]:
+              system: str, workdir: Path, *, lenient: bool = False) -> list[Outcome]:
+    """The completed jobs' moments; a job that failed or left no record fails the replay,
+    unless `lenient` (a faulted replay counts them as lost instead)."""
     by_id = {s.job.id: s.job for s in steps}
     records = {r["id"]: r for d in drivers for r in d.records}
     errors = [f"job {i}: {r['error']}" for i, r in records.items() if "error" in r]
     missing = sorted(set(by_id) - set(records))
-    if errors or missing:
+    if lenient:
+        records = {i: r for i, r in records.items() if "error" not in r}
+    elif errors or missing:
         detail = "; ".join(errors[:5]) or f"no record of jobs {missing[:10]}"
         raise ReplayError(f"{system}: {len(errors) + len(missing)} job(s) failed: {detail}\n"
                           f"{(workdir / 'drivers.log').read_text()[-2000:]}")

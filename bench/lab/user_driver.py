@@ -8,7 +8,7 @@ stdin: one JSON line {"jobs": [{"id", "at", "gpus", "hold", "time", "reservation
 (real seconds after the replay's start: `at` when to ask, `hold` how long to hold, `time`
 the time limit to give, 0 for none), then, once this process has printed "ready", a line
 with the replay's start as Unix time. stdout: one JSON line per job as it ends:
-{"id", "asked", "granted", "ended"} (Unix times) or {"id", "error"}.
+{"id", "asked", "granted", "ended"} (Unix times), "lease", "devices" (uuids) or {"id", "error"}.
 """
 
 from __future__ import annotations
@@ -44,19 +44,21 @@ def run_job(socket: str, start: float, job: dict[str, Any]) -> None:
     asked = time.time()
     left = job["hold"]
     runs: list[list[float]] = []
+    leases: list[str] = []  # each piece's lease (bench.lab --faults looks for them in the accounting)
     try:
         while True:
-            called_back = _hold(socket, job, left, runs)
+            called_back = _hold(socket, job, left, runs, leases)
             left -= runs[-1][1] - runs[-1][0]
             if not called_back or left <= 0.01:
                 break
-        _say({"id": job["id"], "asked": asked, "granted": runs[0][0], "ended": runs[-1][1], "runs": runs})
+        _say({"id": job["id"], "asked": asked, "granted": runs[0][0], "ended": runs[-1][1], "runs": runs,
+              "leases": leases})
     except LeaseError as exc:
         _say({"id": job["id"], "error": str(exc)})
 
 
-def _hold(socket: str, job: dict[str, Any], hold: float, runs: list[list[float]]) -> bool:
-    """One lease held for `hold` seconds at most; its (granted, ended) goes to `runs`.
+def _hold(socket: str, job: dict[str, Any], hold: float, runs: list[list[float]], leases: list[str]) -> bool:
+    """One lease held for `hold` seconds at most; its (granted, ended) goes to `runs`, its id to `leases`.
     True when it ended early because a borrowed lease was called back."""
     lost = threading.Event()
     why: list[str] = []
@@ -76,6 +78,7 @@ def _hold(socket: str, job: dict[str, Any], hold: float, runs: list[list[float]]
                                command=f"lab job {job['id']}")
         lease = session.acquire(request)
         granted = time.time()
+        leases.append(lease.id)
         if not job["reservation"]:  # a reservation is the user's: it needs no heartbeat
             session.start_heartbeat()
         lost.wait(max(0.0, granted + hold - time.time()))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from brokerd.base.clock import wall
 from brokerd.base.groups import BOOK
 from brokerd.base.journal import log_event
 from brokerd.base.process import Holder, Identity
@@ -77,7 +78,7 @@ class Governance:
         by = self.users.name(identity.uid)
         own = identity.uid == lease.holder.uid
         verb = "released by its holder" if own else f"revoked by {by}"
-        at = time.time() + grace_s
+        at = wall() + grace_s
         notice = f"{verb}{': ' + reason if reason else ''} (ends at {time.strftime('%H:%M:%S', time.localtime(at))})"
         lease = self.manager.end_early(lease_id, at, RELEASED if own else REVOKED, notice)
         try:
@@ -92,7 +93,7 @@ class Governance:
 
     def usage_views(self) -> tuple[UsageView, ...]:
         """Each user holding or waiting for devices, against their limits, by name."""
-        manager, now, policy = self.manager, time.time(), self._config().policy
+        manager, now, policy = self.manager, wall(), self._config().policy
         # One pass over the leases and one over the queue, not one of each per user: with
         # 500 waiting that was 40% of a Status build (built at every change of the queue).
         own = manager.holdings.leases_by_user()
@@ -129,7 +130,7 @@ class Governance:
         policy = self._config().policy
         if not policy.idle_reclaim_s:
             return
-        manager, now = self.manager, time.time()
+        manager, now = self.manager, wall()
         idle_for = self.idle_watch.observe(manager.leases.values(), manager.devices, now)
         wanted = {u for r in manager.queue for u in r.evaluation.eligible}
         for lease_id, idle_s in idle_for.items():

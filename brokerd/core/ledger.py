@@ -31,7 +31,7 @@ from brokerd.core.liveness import ProcessWatcher
 from brokerd.core.reaper import reap_after_end
 from brokerd.core.tasks import Tasks
 from brokerd.core.waiting import WaitingRoom
-from brokerd.leasing.errors import Internal, LeaseError
+from brokerd.leasing.errors import Internal, LeaseError, not_recorded
 from brokerd.leasing.hooks import LeaseHook
 from brokerd.leasing.manager import LeaseManager
 from brokerd.leasing.model import HOLDER_EXITED, LOST, RELEASED, Grant, Lease
@@ -132,9 +132,9 @@ class Ledger:
         log.error("could not record grant %s: %s", lease.id, exc)
         if self._unsaved:  # the grant may fail on the unsaved end's holding: the disk is the cause
             unsaved = next(iter(self._unsaved.values()))
-            raise Internal(f"the broker could not record the grant durably: {self._unsaved_error} (the end of "
-                           f"lease {unsaved.id} is not on disk yet)") from exc
-        raise Internal(f"the broker could not record the grant durably: {exc}") from exc
+            raise not_recorded(f"the broker could not record the grant durably: {self._unsaved_error} (the end of "
+                               f"lease {unsaved.id} is not on disk yet)", self._unsaved_error) from exc
+        raise not_recorded(f"the broker could not record the grant durably: {exc}", exc) from exc
 
     def _recorded(self, lease: Lease) -> None:
         """A grant is on disk: make it real (the hooks, Internal if one refuses), say so."""

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import NamedTuple
 
+from brokerd.base.clock import wall
 from brokerd.base.journal import log_event
 from brokerd.base.process import Holder, ProcessId
 from brokerd.config.loader import Config
@@ -24,7 +25,7 @@ from brokerd.core.liveness import ProcessWatcher
 from brokerd.core.tasks import Tasks
 from brokerd.core.views import find_device
 from brokerd.core.waiting import Mailbox, QueuedUpdate, WaitingRoom
-from brokerd.leasing.errors import DeadlineExceeded, Internal
+from brokerd.leasing.errors import DeadlineExceeded, not_recorded
 from brokerd.leasing.manager import LeaseManager
 from brokerd.leasing.model import RELEASED, Ask, Lease, LeaseTerms, Request
 from brokerd.state.queue_record import WaitRecord, WaitRecords
@@ -78,8 +79,9 @@ class DurableQueue:
         """A request the manager queued: record it (on disk before its waiter hears its
         place), then wait for its grant."""
         box = self.waiting.open(request.id)
-        deadline = 0.0 if max_wait_s is None else time.time() + max_wait_s
-        record = WaitRecord(request.id, key, holder, time.time(), deadline, spec)
+        now = wall()
+        deadline = 0.0 if max_wait_s is None else now + max_wait_s
+        record = WaitRecord(request.id, key, holder, now, deadline, spec)
         self.records.add(record)
         saved = self.store.save_queued(record)
         log_event("queue", f"{holder.user} (pid {holder.pid}) waits for " + (
@@ -120,15 +122,18 @@ class DurableQueue:
                 try:
                     await asyncio.shield(saved)
                 except Exception as exc:  # CancelledError (the client left) is no Exception: it passes
-                    raise Internal(f"the broker could not record the request durably: {exc}") from exc
+                    raise not_recorded(f"the broker could not record the request durably: {exc}", exc) from exc
             self.waiting.tell(self.manager, record.request_id)  # its own place at once
             lending = self.manager.lending
             if lending.enabled or any(lease.borrowed for lease in self.manager.leases.values()):
                 self.ledger.pump_soon()  # it may borrow, or need what is lent (brokerd/leasing/lending.py)
             self.waiting.announce(self.manager)  # everyone else's total changed
             self.changes.changed()
+            # The record's deadline is a wall-clock time (it outlives a restart); the wait
+            # runs on the monotonic clock from here, so a step of the wall clock moves nothing.
+            ends = time.monotonic() + record.deadline - wall() if record.deadline else None
             while True:
-                timeout = None if not record.deadline else max(0.0, record.deadline - time.time())
+                timeout = None if ends is None else max(0.0, ends - time.monotonic())
                 try:
                     update = await box.receive(timeout)
                 except TimeoutError:
@@ -164,7 +169,7 @@ class DurableQueue:
         """A restored request whose client does not come back in time leaves the queue."""
         wait = REATTACH_GRACE_S
         if record.deadline:
-            wait = min(wait, record.deadline - time.time())
+            wait = min(wait, record.deadline - wall())
         await asyncio.sleep(max(0.0, wait))
         current = self.records.get(record.request_id)
         if current is None or current.lease_id or self.waiting.attached(record.request_id):

@@ -18,16 +18,17 @@ Add-ons plug in through `add_hook`, `use_allocator`, `use_reporter` and `use_con
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from brokerd.base.clock import wall
 from brokerd.base.process import Holder, Identity, ProcessId
 from brokerd.config.loader import Config
 from brokerd.contract import Requirement, evaluate
 from brokerd.core.acquiring import Acquisition
 from brokerd.core.budgets import ShareBudgets
 from brokerd.core.changes import ChangeFeed
+from brokerd.core.clock_steps import FollowedSteps
 from brokerd.core.container_holds import ContainerHolds
 from brokerd.core.drains import drain_device
 from brokerd.core.governing import Governance
@@ -41,15 +42,7 @@ from brokerd.core.restoring import restore_leases
 from brokerd.core.tasks import Tasks
 from brokerd.core.timers import Expiry
 from brokerd.core.users import UserDirectory
-from brokerd.core.views import (
-    CheckView,
-    DeviceView,
-    StatusView,
-    UsageView,
-    device_view,
-    device_views,
-    leases_of,
-)
+from brokerd.core.views import CheckView, DeviceView, StatusView, UsageView, device_view, device_views, leases_of
 from brokerd.core.views import summary as summary_line
 from brokerd.core.waiting import QueuedUpdate, WaitingRoom
 from brokerd.devices.model import Device, Snapshot
@@ -72,12 +65,12 @@ class BrokerService:
         snapshot: Snapshot,
         *,
         refresh: Callable[[], Snapshot] | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,  # None: the wall clock, its steps followed
     ) -> None:
-        self._config = config
-        self.store = store
+        self._config, self.store = config, store
         self.manager = LeaseManager(snapshot.devices, ttl_s=config.heartbeat_ttl_s,
-                                    max_duration_s=config.max_lease_duration_s, clock=clock)
+                                    max_duration_s=config.max_lease_duration_s, clock=clock or wall,
+                                    steps=None if clock else FollowedSteps(store, lambda: self.manager.leases.values()))
         # Both read the config at each use: a reload changes the admin group.
         self.users = UserDirectory(lambda: self._config.admin_gid())
         self.permissions = Permissions(self.users.is_admin, lambda: self._config.admin_group)

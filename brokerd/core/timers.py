@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable
 
+from brokerd.base.clock import wall
 from brokerd.core.tasks import Tasks, logged
 from brokerd.leasing.manager import LeaseManager
 from brokerd.leasing.model import Lease
@@ -48,14 +48,14 @@ class Expiry:
             for saved in saving:
                 await logged(saved)
             deadline = self.manager.next_deadline()
-            delay = 60.0 if deadline is None else max(0.05, deadline - time.time() + 0.01)
+            delay = 60.0 if deadline is None else max(0.05, deadline - wall() + 0.01)
             if self.manager.queue:
                 delay = min(delay, _LOOK_AGAIN_S)
-                if time.time() - self._looked_at >= _LOOK_AGAIN_S:
-                    self._looked_at = time.time()
+                if wall() - self._looked_at >= _LOOK_AGAIN_S:
+                    self._looked_at = wall()
                     self._pump_soon()
             self._wakeup.clear()
-            self._due = time.time() + delay
+            self._due = wall() + delay
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wakeup.wait(), delay)
             self._due = 0.0  # awake: what changes now is read before the next sleep

@@ -8,11 +8,11 @@ made at every change of the queue.
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import Callable
 from typing import Any
 
 from brokerd import __version__
+from brokerd.base.clock import wall
 from brokerd.base.process import Holder, Identity
 from brokerd.contract.convert import check_line_to_proto, requirement_from_request
 from brokerd.core.queueing import Rebuilt
@@ -64,7 +64,7 @@ def _add_lease(msg: pb.Device, lease: Lease) -> None:
     msg.since = lease.granted_at
     msg.borrowed = lease.borrowed
     if lease.expires_at and lease.active:
-        msg.time_left_s = max(0.0, lease.expires_at - time.time())
+        msg.time_left_s = max(0.0, lease.expires_at - wall())
 
 
 def held_pb(view: DeviceView) -> pb.Device:

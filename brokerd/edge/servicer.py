@@ -48,6 +48,7 @@ _CODES = {
     "resource_exhausted": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "deadline_exceeded": grpc.StatusCode.DEADLINE_EXCEEDED,
     "internal": grpc.StatusCode.INTERNAL,
+    "unavailable": grpc.StatusCode.UNAVAILABLE,  # for now: ask again (a full disk)
 }
 
 

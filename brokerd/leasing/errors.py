@@ -4,6 +4,7 @@ gRPC status code, and a message that tells the user what to do.
 
 from __future__ import annotations
 
+import errno
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -52,6 +53,20 @@ class Internal(LeaseError):
     """The broker could not do its part (for example, make a grant durable)."""
 
     kind = "internal"
+
+
+class Unrecorded(Internal):
+    """It could not be recorded for now: the state directory's disk is full. That passes,
+    so the client asks again (gRPC UNAVAILABLE) rather than failing its job (issue 46)."""
+
+    kind = "unavailable"
+
+
+def not_recorded(message: str, cause: BaseException | str) -> Internal:
+    """Internal, or Unrecorded when the cause is a full disk (ENOSPC; SQLite's "database
+    or disk is full")."""
+    full = (isinstance(cause, OSError) and cause.errno == errno.ENOSPC) or "disk is full" in str(cause)
+    return (Unrecorded if full else Internal)(message)
 
 
 class DeadlineExceeded(LeaseError):

@@ -56,6 +56,7 @@ from brokerd.leasing.queue import LeaseQueue
 from brokerd.leasing.queue_rules import BACKFILL
 from brokerd.leasing.reservations import Reservations
 from brokerd.leasing.shares import pick_share_device, share_problem
+from brokerd.leasing.steps import shift, stepped
 
 _HISTORY = 1000
 _NO_TERMS = LeaseTerms()
@@ -75,11 +76,12 @@ class LeaseManager:
         ttl_s: float = 30.0,
         max_duration_s: float = 0.0,
         clock: Callable[[], float] = time.time,
+        steps: Callable[[], float] | None = None,  # the wall clock's jumps (brokerd/base/clock.py)
         new_id: Callable[[str], str] = _new_id,
     ) -> None:
-        self.ttl_s = ttl_s
-        self.max_duration_s = max_duration_s
-        self._clock = clock
+        self.ttl_s, self.max_duration_s = ttl_s, max_duration_s
+        self._clock = clock if steps is None else stepped(
+            clock, steps, lambda by: shift(self.leases.values(), self.queue, by))
         self._new_id = new_id
         self.holdings = Holdings(devices)
         self.usage = UsageBook()  # recent use per user, for the fair queue and the limits
@@ -128,9 +130,7 @@ class LeaseManager:
 
     # -- inventory ---------------------------------------------------------------------
 
-    def set_inventory(
-        self, devices: Sequence[Device], unavailable: Mapping[str, str] | None = None
-    ) -> list[Lease]:
+    def set_inventory(self, devices: Sequence[Device], unavailable: Mapping[str, str] | None = None) -> list[Lease]:
         """Replace the device picture. Leases on a device that vanished or turned unhealthy
         end as LOST (their holders are told); busy-but-healthy devices keep their lease."""
         if self.devices != {d.uuid: d for d in devices}:

@@ -26,12 +26,12 @@ import grp
 import logging
 import sqlite3
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from brokerd.base.clock import wall
 from brokerd.config.loader import Config
 from brokerd.config.policy import counted_gid
 from brokerd.devices.model import UTILISATION_KEY, Snapshot
@@ -122,13 +122,19 @@ def _open(path: Path) -> sqlite3.Connection:
     return conn
 
 
-def open_database(path: Path, clock: Callable[[], float] = time.time) -> sqlite3.Connection:
+def open_database(path: Path, clock: Callable[[], float] = wall) -> sqlite3.Connection:
     """Open (or create) the accounting file. One it cannot read is moved aside, kept for a
     person to look at, and a fresh one started: accounting must never stop the daemon."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     try:
         return _open(path)
     except sqlite3.DatabaseError as exc:
+        if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+            # A full disk says nothing about the file: moving it aside lost a lab's
+            # accounting (issue 46's faulted replay). Open it as it is; the rows it cannot
+            # take yet are kept in memory and written when the disk has room (`_write`).
+            log.error("accounting: %s cannot be written to (%s); rows wait in memory", path, exc)
+            return sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         aside = path.with_name(f"{path.name}.unreadable-{int(clock())}")
         for suffix in ("", "-wal", "-shm"):
             with contextlib.suppress(FileNotFoundError):
@@ -149,7 +155,7 @@ class Accounting(LeaseHook):
         *,
         snapshot: Callable[[], Snapshot] | None = None,
         recently_ended: Callable[[], Iterable[Lease]] = tuple,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = wall,
     ) -> None:
         self.path = Path(state_dir) / DB_NAME
         self._config = config  # read at each use: keep, max_rows and who sees what are reloadable

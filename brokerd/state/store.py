@@ -242,6 +242,15 @@ class LeaseStore:
 
         return self._submit(op, fsync=lease.reservation)
 
+    def save_times(self, leases: list[Lease]) -> asyncio.Future[None]:
+        """The wall clock stepped and the leases' times moved with it (brokerd/core/clock_steps.py)."""
+        args = [(lease.granted_at, lease.expires_at, lease.requested_at, lease.id) for lease in leases]
+
+        def op(conn: sqlite3.Connection) -> None:
+            conn.executemany("UPDATE leases SET granted_at=?, expires_at=?, requested_at=? WHERE id=?", args)
+
+        return self._submit(op)
+
     def save_holder(self, lease: Lease) -> asyncio.Future[None]:
         """The lease was applied to a container, which may hold it now (its init the holder)."""
         args = (lease.holder.pid, lease.holder.start_time, container_text(lease.container), lease.id)

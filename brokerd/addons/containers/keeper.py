@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,6 +30,7 @@ from brokerd.addons.containers.info import EngineError
 from brokerd.addons.containers.membership import DEVICES_LABEL, LEASE_LABEL, USER_LABEL, Containers, RootlessContainer
 from brokerd.addons.containers.verdict import held_devices, own_lease_label
 from brokerd.addons.containers.warning import Warnings
+from brokerd.base.clock import wall
 from brokerd.base.journal import log_event
 from brokerd.base.process import Identity, ProcessId
 from brokerd.base.procinfo import start_time
@@ -58,7 +58,7 @@ class ContainerKeeper(LeaseHook):
         # The leases that may be applied to a container: those one was confirmed for (or that
         # had one at a restart), so that a change of the broker's state looks at those only.
         self._applied: set[str] = set()
-        self.warnings = Warnings(self._held_leases, time.time)
+        self.warnings = Warnings(self._held_leases, wall)
         self.guard = StartGuard(service)
         self._following = False  # started: the engines' events are followed (start)
 

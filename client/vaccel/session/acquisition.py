@@ -32,10 +32,18 @@ from vaccel_common.v1 import broker_pb2 as pb
 START_RETRY_S = 5.0  # the broker is down when we first ask
 RECONNECT_S = 60.0  # the broker went away while we waited (a restart takes seconds)
 _BACKOFF_S = (0.05, 0.5)  # first and longest pause between tries
+# What the broker says when it cannot record a request or grant for now (brokerd's
+# Unrecorded, gRPC UNAVAILABLE: its disk is full); a broker that is down says otherwise.
+_UNRECORDED = "the broker could not record"
 
 
 class _Broken(Exception):
     """The stream ended without an answer from the broker (it went away)."""
+
+
+class _Unrecorded(_Broken):
+    """The broker answered that it cannot record the request for now (its disk is full):
+    asked again, with backoff, for as long as the request may wait and the broker answers."""
 
 
 def refusal(exc: grpc.RpcError) -> LeaseError:
@@ -115,10 +123,13 @@ class Acquisition:
                 give_up = min(failing_since + bound, self._deadline if self._deadline is not None else now + bound)
                 if now + delay > give_up:
                     why = str(exc)
-                    if not isinstance(exc, BrokerUnavailable) and not why.startswith("lost the broker"):
+                    if not isinstance(exc, BrokerUnavailable | _Unrecorded) and not why.startswith("lost the broker"):
                         why = f"lost the broker while waiting: {why}"
                     raise LeaseError(why, "unavailable") from None
-                if not self._queued and not told:
+                if isinstance(exc, _Unrecorded) and not told:
+                    told = True
+                    self.say(f"{exc}; asking again")
+                elif not self._queued and not told:
                     told = True
                     self.say(f"cannot reach the vaccel broker yet; retrying for up to {give_up - now:.0f}s")
                 if self._cancelled.wait(delay * random.uniform(0.5, 1.0)):
@@ -149,6 +160,8 @@ class Acquisition:
             if exc.code == "unauthenticated":  # a new key on the broker's side: mint again
                 self.connection.forget_token()
                 raise _Broken(str(exc)) from None
+            if exc.code == "unavailable" and _UNRECORDED in str(exc):
+                raise _Unrecorded(str(exc).removeprefix("lost the broker while waiting: ")) from None
             # A restart cuts streams as UNAVAILABLE, a shutdown's grace as CANCELLED.
             if exc.code == "unavailable" or (exc.code == "cancelled" and not self._cancelled.is_set()):
                 raise _Broken(str(exc)) from None
@@ -167,6 +180,9 @@ class Acquisition:
             self._tried_now = True
             if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                 return None
+            if exc.code() == grpc.StatusCode.UNAVAILABLE and _UNRECORDED in (exc.details() or ""):
+                self._tried_now = False  # asked again the same way
+                raise _Unrecorded(exc.details()) from None
             raise refusal(exc) from None
         self._tried_now = True
         self._answered = self._met = True
