@@ -215,6 +215,13 @@ class LeaseMachine(RuleBasedStateMachine):
                    if x.holder.uid == lease.holder.uid and x.id not in granted_after)
         assert not limits.max_devices or held <= limits.max_devices + 1e-9, "a grant went over max_devices"
 
+    def _fits(self, lease: Lease, limits: UserLimits, granted_from: frozenset[str]) -> bool:
+        """Whether `lease` fits its user's max_devices beside their leases before `granted_from`
+        (its own grant and those after it in the same pump)."""
+        held = sum(x.weight for x in self.manager.leases.values()
+                   if x.holder.uid == lease.holder.uid and x.id not in granted_from)
+        return not limits.max_devices or held + lease.weight <= limits.max_devices + 1e-9
+
     def _in_fair_order(self) -> None:
         # Sorted afresh: ordered() of the queue itself may trust the last sort's basis.
         assert [r.id for r in self.manager.ordered(list(self.manager.queue))] == [r.id for r in self.manager.queue], \
@@ -227,7 +234,11 @@ class LeaseMachine(RuleBasedStateMachine):
         self._in_fair_order()
         for at, grant in enumerate(grants):
             if grant.lease.borrowed:  # lent while idle: only with lend_idle, only to a request a limit held back
-                assert self.lend_idle and grant.request.id not in within, "a borrowed grant to a request within limits"
+                assert self.lend_idle, "a borrowed grant without lend_idle"
+                # Held back before the pump, or by its user's grants earlier in this one.
+                assert grant.request.id not in within or not self._fits(
+                    grant.lease, grant.request.limits, frozenset(g.lease.id for g in grants[at:])), \
+                    "a borrowed grant to a request within limits"
             else:
                 self._within_limits(grant.lease, grant.request.limits, frozenset(g.lease.id for g in grants[at + 1:]))
         self._record([g.lease for g in grants])
