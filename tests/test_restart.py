@@ -240,3 +240,26 @@ def test_no_wait_never_retries_past_its_wait(tmp_path):
     broker = Broker(tmp_path, None, "")  # never started
     gone = broker.vaccel("run", "--gpus", "1", "--no-wait", "--", "true")
     assert gone.returncode == 69 and "retrying" not in gone.stderr, gone.stderr
+
+
+def test_a_call_that_may_wait_for_a_restart_waits_for_the_brokers_identity_socket_too(start_broker):
+    """A heartbeat mints its token anew after a restart (the broker has a new key). When the
+    broker is still down at that moment (killed again, or not yet listening), the call waits
+    for it as it waits on UNAVAILABLE, within its retry_unavailable_s, instead of failing at
+    once and losing a whole heartbeat interval (issue 46: a faulted lab day lost a lease)."""
+    import threading
+
+    from vaccel.session.connection import BrokerConnection
+
+    from vaccel_common.v1 import broker_pb2 as pb
+
+    broker = start_broker()
+    broker.kill9()  # its socket files stay behind: nobody listens there
+    conn = BrokerConnection(broker.socket, side_calls=False)  # no token yet: the first call mints one
+    back = threading.Timer(1.0, broker.start)
+    back.start()
+    try:
+        assert conn.call("Status", pb.StatusRequest(), retry_unavailable_s=120).devices
+    finally:
+        back.join()
+        conn.close()

@@ -257,7 +257,17 @@ class BrokerConnection:
         renewed = False
         delay = 0.05
         while True:
-            stub = self._ensure()
+            try:
+                stub = self._ensure()
+            except BrokerUnavailable as exc:
+                # A restarting broker's identity socket is missing or not yet listening for a
+                # moment: the token to mint is part of the call, and waits as UNAVAILABLE does
+                # (else a heartbeat due then lost a whole interval, issue 46's faulted day).
+                if exc.transient and time.monotonic() < deadline:
+                    time.sleep(delay)
+                    delay = min(delay * 2, 1.0)
+                    continue
+                raise
             try:
                 return getattr(stub, method)(request, timeout=timeout, metadata=self.metadata())
             except grpc.RpcError as exc:
