@@ -497,12 +497,9 @@ def test_after_a_kill9_what_an_ended_lease_left_holding_a_node_is_stopped_before
             os.kill(keeper, signal.SIGKILL)
 
 
-def test_a_device_held_open_without_a_lease_names_its_holder_in_status(
-    gated, users: dict[str, int], staged: Path, nodes: Path  # noqa: F811 - staged: fixture
-):
-    """Issue 42: the gate's busy device says who holds it, in `vaccel status` and in its
-    JSON (`busy_by`), as a lease's holder is named."""
-    node = mknod(nodes, "named", FULL)
+def bob_holds_open(node: str, users: dict[str, int]) -> subprocess.Popen[str]:
+    """A process that opens `node` as root, then becomes bob and keeps it open (opened before
+    the broker began: nobody leased it); returned once the node is open."""
     code = textwrap.dedent(f"""\
         import os, time
         fd = os.open({node!r}, os.O_RDWR)
@@ -512,8 +509,18 @@ def test_a_device_held_open_without_a_lease_names_its_holder_in_status(
     """)
     early = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd="/",
                              env={"PATH": "/usr/bin:/bin"})
+    assert early.stdout is not None and early.stdout.readline().strip() == "open"
+    return early
+
+
+def test_a_device_held_open_without_a_lease_names_its_holder_in_status(
+    gated, users: dict[str, int], staged: Path, nodes: Path  # noqa: F811 - staged: fixture
+):
+    """Issue 42: the gate's busy device says who holds it, in `vaccel status` and in its
+    JSON (`busy_by`), as a lease's holder is named."""
+    node = mknod(nodes, "named", FULL)
+    early = bob_holds_open(node, users)
     try:
-        assert early.stdout.readline().strip() == "open"
         broker, _ = gated({"GPU-n0": node})
         (device,) = status(broker)["devices"]
         assert device["state"] == "busy", device
@@ -532,17 +539,8 @@ def test_a_device_held_open_without_a_lease_is_not_granted_until_it_is_let_go(
     process of bob's that holds the node without a lease is only reported, and the device
     waits for it rather than being shared with alice."""
     node = mknod(nodes, "held", FULL)
-    code = textwrap.dedent(f"""\
-        import os, time
-        fd = os.open({node!r}, os.O_RDWR)
-        os.setgid({users[BOB]}); os.setuid({users[BOB]})
-        print("open", flush=True)
-        time.sleep(120)
-    """)
-    early = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd="/",
-                             env={"PATH": "/usr/bin:/bin"})
+    early = bob_holds_open(node, users)
     try:
-        assert early.stdout.readline().strip() == "open"
         broker, _ = gated({"GPU-y0": node})
         (device,) = status(broker)["devices"]
         assert device["state"] == "busy", device
