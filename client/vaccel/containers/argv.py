@@ -24,6 +24,8 @@ import csv
 import io
 import os
 import pwd
+import threading
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -107,6 +109,20 @@ def read_id(cidfile: str) -> str:
             return f.read().strip()
     except OSError:
         return ""
+
+
+def wait_for_id(cidfile: str, done: threading.Event, longest_s: float) -> str:
+    """The container's id once its engine has written it; "" when `done` is set first or
+    `longest_s` passes. The engine gives no event for its --cidfile: look often at first (a
+    container starts in ~0.3 s), then every 0.2 s while an image is pulled."""
+    deadline = time.monotonic() + longest_s
+    wait = 0.01
+    while not done.wait(wait) and time.monotonic() < deadline:
+        container = read_id(cidfile)
+        if container:
+            return container
+        wait = min(0.2, wait * 1.5)
+    return ""
 
 
 def apply(run: ContainerRun, lease: ContainerLease, cidfile: str) -> tuple[list[str], str]:

@@ -117,25 +117,19 @@ class _Namer(threading.Thread):
         self._done = threading.Event()
 
     def run(self) -> None:
-        # The engine gives no event for its --cidfile: look, often at first (a container
-        # starts in ~0.3 s), then every 0.2 s while an image is pulled.
-        deadline = time.monotonic() + CREATE_WAIT_S
-        wait = 0.01
-        while not self._done.wait(wait) and time.monotonic() < deadline:
-            container = container_argv.read_id(self.cidfile)
-            if container:
-                try:
-                    _attach(self.container_run, self.session, self.lease, container, self.warn_signal, held=False,
-                            stop=self._done)
-                except LeaseError as exc:
-                    # A container that has exited already (a short command; not_found, or one --rm
-                    # removed, whose engine's client then ends at once) leaves nothing to follow.
-                    if exc.code != "not_found" and not self._done.wait(SETTLE_S):
-                        engine = self.container_run.engine
-                        print(f"vaccel: warning: {exc}; the container is stopped only through {engine} if vaccel run "
-                              "is killed", file=sys.stderr, flush=True)
-                return
-            wait = min(0.2, wait * 1.5)
+        container = container_argv.wait_for_id(self.cidfile, self._done, CREATE_WAIT_S)
+        if not container:
+            return
+        try:
+            _attach(self.container_run, self.session, self.lease, container, self.warn_signal, held=False,
+                    stop=self._done)
+        except LeaseError as exc:
+            # A container that has exited already (a short command; not_found, or one --rm
+            # removed, whose engine's client then ends at once) leaves nothing to follow.
+            if exc.code != "not_found" and not self._done.wait(SETTLE_S):
+                engine = self.container_run.engine
+                print(f"vaccel: warning: {exc}; the container is stopped only through {engine} if vaccel run "
+                      "is killed", file=sys.stderr, flush=True)
 
     def stop(self) -> None:
         self._done.set()

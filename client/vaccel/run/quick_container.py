@@ -218,20 +218,14 @@ class _Namer(threading.Thread):
         self._done = threading.Event()
 
     def run(self) -> None:
-        import time
-
-        deadline = time.monotonic() + CREATE_WAIT_S
-        wait = 0.01
-        while not self._done.wait(wait) and time.monotonic() < deadline:
-            container = container_argv.read_id(self.cidfile)
-            if container:
-                refused = self._attach(container)
-                if refused and not self._done.wait(SETTLE_S):
-                    print(f"vaccel: warning: lease {self.lease_id} does not follow container {container[:12]}: "
-                          f"{refused}; the container is stopped only through {self.container_run.engine} if "
-                          "vaccel run is killed", file=sys.stderr, flush=True)
-                return
-            wait = min(0.2, wait * 1.5)
+        container = container_argv.wait_for_id(self.cidfile, self._done, CREATE_WAIT_S)
+        if not container:
+            return
+        refused = self._attach(container)
+        if refused and not self._done.wait(SETTLE_S):
+            print(f"vaccel: warning: lease {self.lease_id} does not follow container {container[:12]}: "
+                  f"{refused}; the container is stopped only through {self.container_run.engine} if "
+                  "vaccel run is killed", file=sys.stderr, flush=True)
 
     def _attach(self, container: str) -> str:
         """AttachContainer; "" when the lease follows the container (or it has exited already:
