@@ -182,7 +182,13 @@ class DockerEngine:
         mounts = mounts_under(self.base)
         for mount in reversed(mounts):
             subprocess.run(["umount", "-l", mount], check=False)
+        # On a loaded machine the engine's last helpers may still be writing there as they
+        # exit: remove the folder until it is gone (an event, not a pause), for a while.
+        deadline = time.monotonic() + timeout
         shutil.rmtree(self.base, ignore_errors=True)
+        while self.base.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+            shutil.rmtree(self.base, ignore_errors=True)
         if left or mounts:
             raise AssertionError(f"dockerd left processes {left} and mounts {mounts}")
 

@@ -125,6 +125,7 @@ def _replay(tmp_path: Path, systems: str) -> dict:
     path.write_text("".join(json.dumps(job) + "\n" for job in TINY))
     # A folder of this run's own, short (socket paths), so another run's temp dirs never count.
     tmp = Path(tempfile.mkdtemp(prefix="vbl-", dir="/tmp"))
+    tmp.chmod(0o1777)  # as /tmp itself: the lab users' jobs reach the broker's socket through it
     try:
         done = _bench("--trace", str(path), "--devices", "2", "--speed", "1200", "--systems", systems, "--json",
                       tmp=tmp)
