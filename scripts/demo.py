@@ -258,8 +258,11 @@ def run(demo: Demo, broker: subprocess.Popen[bytes], log: Path, epochs: int, scr
     threads = [threading.Thread(target=demo.run_job, args=(j,)) for j in all_jobs]
     for t in threads:
         t.start()
-    events = [(4.5, lambda: demo.try_foreign_release("erin", by_name["alice"])),
-              (5.5, lambda: handover.append(demo.kill_holder(by_name["bob"], by_name["dave"])))]
+    # The crash comes once dave waits behind bob (he asks at 1.9 s), long before alice's
+    # two-rank job can end: at a later fixed moment a loaded machine could have let alice
+    # finish first, dave would then hold without bob's GPU, and there would be no crash to show.
+    events = [(2.5, lambda: handover.append(demo.kill_holder(by_name["bob"], by_name["dave"]))),
+              (4.5, lambda: demo.try_foreign_release("erin", by_name["alice"]))]
     if screenshot is not None:  # every GPU held and students waiting: the busy lab
         events.append((6.5, lambda: demo.screenshot(screenshot)))
     handover: list[float | None] = []
