@@ -11,9 +11,10 @@ up to `30 * speed` lab seconds late).
 The systems differ only in what their users say:
 - "vaccel" and "slurm": the trace as it is (most jobs give no `--time`; they get the lab's
   default time limit, 24 h);
-- "vaccel-policy" (and "vaccel-policy-lend", with [policy] lend_idle): every job gives
-  `--time`: the one it gave, else what a user who must give one says: twice the duration,
-  rounded up to the hour (a 10 min job says 1 h);
+- "vaccel-policy" (docs/policy.md's advice: a per-user cap with [policy] lend_idle; and
+  "vaccel-policy-nolend", the cap alone): every job gives `--time`: the one it gave, else
+  what a user who must give one says: twice the duration, rounded up to the hour (a 10 min
+  job says 1 h);
 - "slurm-policy" (not run unless asked for): Slurm with the same `--time` on every job, to
   tell what the lab's policy buys from what vaccel does with it.
 "slurm-fs" and "slurm-fs-policy" are Slurm as a shared lab runs it (fair share through
@@ -30,7 +31,7 @@ from bench.lab.trace import HOUR, INTERACTIVE, Job
 
 DEFAULT_LIMIT_S = 24 * HOUR  # vaccel's time_default, and the Slurm partition's DefaultTime
 MAX_LIMIT_S = 7 * 86400.0  # vaccel's time_max, and the partition's MaxTime
-SYSTEMS = ("vaccel", "vaccel-policy", "slurm-fs", "vaccel-policy-lend", "slurm-fs-policy", "slurm", "slurm-policy")
+SYSTEMS = ("vaccel", "vaccel-policy", "slurm-fs", "slurm-fs-policy", "vaccel-policy-nolend", "slurm", "slurm-policy")
 DEFAULT_SYSTEMS = SYSTEMS[:3]  # the comparison of record: vaccel and vaccel-policy against slurm-fs
 
 

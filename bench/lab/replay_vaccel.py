@@ -8,8 +8,9 @@ the checkout may sit where other users cannot read.
 
 The broker runs with its defaults, each lab duration among them divided by the speed:
 `time_default` (24 h), `time_max` (7 d), `fair_half_life` (24 h), `aging` (4 h). The
-"vaccel-policy" system adds what a lab would set: `max_devices` at half the machine per
-user (or the largest job's GPUs, if more), and every job gives `--time` (bench/lab/plan.py).
+"vaccel-policy" system adds what docs/policy.md advises a lab to set: `max_devices` at half
+the machine per user (or the largest job's GPUs, if more) with `lend_idle`, and every job
+gives `--time` (bench/lab/plan.py); "vaccel-policy-nolend" is the cap without lending.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def broker_config(system: str, compression: Compression, devices: int, largest: 
              f"time_max = {real(compression.limit(MAX_LIMIT_S))}"]
     if system.startswith("vaccel-policy"):
         lines.append(f"max_devices = {max(largest, devices // 2)}")
-    if system == "vaccel-policy-lend":  # the cap lends what it would idle (docs/policy.md)
+    if system == "vaccel-policy":  # the cap lends what it would idle (docs/policy.md)
         lines[1:1] = ["lend_idle = true", f"lend_notice = {real(LEND_NOTICE_S)}"]
         # A holder hears of a notice at its next heartbeat (a quarter of the TTL): compressed,
         # 5 lab minutes are under 2 real seconds, so the TTL shrinks with it, as a lab's 30 s

@@ -85,7 +85,8 @@ class LeaseManager:
         self._new_id = new_id
         self.holdings = Holdings(devices)
         self.usage = UsageBook()  # recent use per user, for the fair queue and the limits
-        # The queue reads the clock through the manager, so a clock swapped in (tests) is its too.
+        # The queue reads the clock through the manager (so a test's clock is its too); it
+        # also plans with each user's runtimes (brokerd/leasing/runtimes.py).
         self.waiting = LeaseQueue(self.holdings, self.usage, lambda: self._clock())
         self.lending = Lending(self.holdings, self.waiting, lambda: self._clock(), lambda: self.max_duration_s)
         self.ended: dict[str, Lease] = {}  # recent history, oldest first
@@ -98,13 +99,11 @@ class LeaseManager:
         return self.holdings.devices
 
     @property
-    def leases(self) -> dict[str, Lease]:
-        """The active leases, by id."""
+    def leases(self) -> dict[str, Lease]:  # the active ones, by id
         return self.holdings.leases
 
     @property
-    def owner(self) -> dict[str, str]:
-        """Device uuid -> the active lease that holds it."""
+    def owner(self) -> dict[str, str]:  # device uuid -> the active lease that holds it
         return self.holdings.owner
 
     @property
@@ -213,8 +212,8 @@ class LeaseManager:
         return request
 
     def _try_grant(self, request: Request, reserved: Reservations, free: list[Device]) -> Lease | None:
-        """Grant `request` on what is `free` (the caller's list, still true) and not kept
-        for those ahead, if enough is; a share on a shared device's memory."""
+        """Grant `request` on what is `free` (still true) and not kept for those ahead, if
+        enough is; a share on a shared device's memory."""
         if request.ask.memory_mib:
             device = pick_share_device(request, self.holdings, reserved)
             return self._grant(request, [device]) if device is not None else None
@@ -234,6 +233,7 @@ class LeaseManager:
         assert not share or self.holdings.room(uuids[0]) >= share, "share over the device's memory"
         lease = lease_for(request, devices, self._new_id("l-"), self._clock(), self.max_duration_s)
         self.holdings.take(lease)
+        self.waiting.runtimes.plan(lease)  # its planned run is its user's history at its grant
         return lease
 
     def rollback(self, lease_id: str) -> None:
@@ -356,7 +356,7 @@ class LeaseManager:
         now = self._clock()
         self.holdings.give_back(lease, used_at=now)
         lease.state, lease.end_reason, lease.ended_at = state, reason, now
-        self.usage.add(lease)
+        self.waiting.ended(lease)
         self.ended[lease.id] = lease
         while len(self.ended) > _HISTORY:
             del self.ended[next(iter(self.ended))]

@@ -17,6 +17,7 @@ from brokerd.leasing.holdings import Holdings
 from brokerd.leasing.model import Grant, Lease, Request
 from brokerd.leasing.queue_rules import BACKFILL, OrderBasis, fair_order_and_basis, limit_reason, wait_reason
 from brokerd.leasing.reservations import NEVER, Reservations, Room
+from brokerd.leasing.runtimes import RuntimeBook
 from brokerd.leasing.shares import share_wait_reason
 
 TryGrant = Callable[[Request, Reservations, list[Device]], "Lease | None"]
@@ -26,6 +27,7 @@ class LeaseQueue:
     def __init__(self, holdings: Holdings, usage: UsageBook, clock: Callable[[], float]) -> None:
         self.holdings = holdings
         self.usage = usage
+        self.runtimes = RuntimeBook()  # how long users' leases really run: the queue plans with it
         self._clock = clock
         self.requests: list[Request] = []
         self.aging_s = 4 * 3600.0  # a request this old goes ahead of all younger ones
@@ -126,6 +128,11 @@ class LeaseQueue:
         else:
             self.requests = kept
 
+    def ended(self, lease: Lease) -> None:
+        """A lease ended: its use counts in its user's recent use, its run in their runtimes."""
+        self.usage.add(lease)
+        self.runtimes.add(lease)
+
     # -- what waiters keep, and what holds them back ------------------------------------
 
     def reservations(self, lent_out: frozenset[str] = frozenset()) -> Reservations:
@@ -138,6 +145,9 @@ class LeaseQueue:
         def ends(lease_id: str) -> float:
             return now if lease_id in lent_out else holdings.leases[lease_id].expires_at or NEVER
 
+        def planned_end(lease: Lease) -> float:  # a whole-device lease: by its prediction (runtimes)
+            return now if lease.id in lent_out else self.runtimes.end_of(lease, now) or NEVER
+
         def available_at() -> dict[str, float]:
             when = {}
             for uuid in holdings.devices:
@@ -145,7 +155,7 @@ class LeaseQueue:
                 if state == "free":
                     when[uuid] = now
                 elif state == "leased":
-                    when[uuid] = ends(holdings.owner[uuid])
+                    when[uuid] = planned_end(holdings.leases[holdings.owner[uuid]])
                 elif state == "shared":  # whole once its last share ends
                     when[uuid] = max(map(ends, holdings.shares[uuid]))
             return when
@@ -159,7 +169,9 @@ class LeaseQueue:
 
         leases = [lease for lease in holdings.leases.values() if lease.id not in lent_out] if lent_out \
             else holdings.leases.values()
-        return Reservations(leases, now=now, available_at=available_at, rooms=rooms)
+        return Reservations(leases, now=now, available_at=available_at, rooms=rooms,
+                            run_s=lambda r: self.runtimes.run_s(r.holder.uid, r.ask.time_limit_s),
+                            end_of=planned_end)
 
     def wait_reason(self, request: Request, reserved: Reservations, free: list[Device], users_ahead: int) -> str:
         """Why a request that no limit holds back still waits (queue_rules, or for a memory

@@ -52,8 +52,15 @@ class Reservations:
 
     def __init__(self, leases: Iterable[Lease], *, now: float = 0.0,
                  available_at: Callable[[], Mapping[str, float]] | None = None,
-                 rooms: Callable[[], Mapping[str, Room]] | None = None) -> None:
+                 rooms: Callable[[], Mapping[str, Room]] | None = None,
+                 run_s: Callable[[Request], float] | None = None,
+                 end_of: Callable[[Lease], float] | None = None) -> None:
         self.now = now
+        # How long a request for whole devices is planned to run, and when a lease granted in
+        # this pass is planned to end: by predictions (brokerd/leasing/runtimes.py), else by
+        # their time limits.
+        self._run_s = run_s or (lambda request: request.ask.time_limit_s)
+        self._end_of = end_of or (lambda lease: lease.expires_at or NEVER)
         self._own: dict[int, set[str]] = {}
         self._leases = list(leases)
         for lease in self._leases:
@@ -157,7 +164,7 @@ class Reservations:
         if self.blocked(request):
             return
         start = self.shadow(request)
-        limit = request.ask.time_limit_s
+        limit = self._run_s(request)
         for uuid in request.evaluation.eligible:
             if self._available_at.get(uuid, NEVER) <= start:
                 self._until[uuid] = min(self._until.get(uuid, NEVER), start)
@@ -166,7 +173,7 @@ class Reservations:
 
     def permits(self, uuid: str, request: Request) -> bool:
         """Whether `request` may take this free device (or memory on it, for a share) now."""
-        limit = request.ask.time_limit_s
+        limit = request.ask.time_limit_s if request.ask.memory_mib else self._run_s(request)
         ends = self.now + limit if limit > 0 else NEVER
         until = self._until.get(uuid)
         if until is not None and not (until != NEVER and ends <= until):
@@ -199,7 +206,7 @@ class Reservations:
         else:
             self._weights[lease.holder.uid] = self._weights.get(lease.holder.uid, 0.0) + lease.weight
             self._counts[lease.holder.uid] = self._counts.get(lease.holder.uid, 0) + 1
-        end = lease.expires_at or NEVER
+        end = lease.expires_at or NEVER if lease.share_mib else self._end_of(lease)
         if self._known is not None:  # else it is read later, with this lease in it
             for uuid in lease.devices:
                 self._known[uuid] = max(self._known.get(uuid, self.now), end) if lease.share_mib else end

@@ -1,0 +1,79 @@
+"""The queue plans with how long users' leases really run (brokerd/leasing/runtimes.py):
+a lab's jobs mostly run under the 24 h default limit and end within the hour, and planned
+by their limits alone a request for several devices keeps the free ones idle for a day."""
+
+from __future__ import annotations
+
+from brokerd.contract import Requirement
+from brokerd.leasing.model import Ask
+from brokerd.leasing.runtimes import RuntimeBook
+from tests.test_fair_queue import granted, queued
+from tests.test_leases import ALICE, BOB, CAROL, manager
+
+DAY = Ask(time_limit_s=86400.0)
+TWO_DAYS = Ask(time_limit_s=2 * 86400.0)
+HOUR = 3600.0
+
+
+def _short_history(m, clock, holder, runs: int = 2, run_s: float = 0.5 * HOUR) -> None:  # type: ignore[no-untyped-def]
+    for _ in range(runs):
+        lease = granted(m.submit(holder, Requirement(1), wait=False, ask=DAY))
+        clock.now += run_s
+        m.release(lease.id, holder.uid)
+
+
+def test_a_user_whose_jobs_run_short_backfills_devices_kept_for_a_larger_request():
+    m, clock = manager(3)
+    _short_history(m, clock, CAROL)
+    # Alice holds one device for a day by her limit; Bob waits for all three: the two free
+    # ones are kept for him until Alice's lease could end.
+    granted(m.submit(ALICE, Requirement(1), wait=False, ask=DAY))
+    bob = queued(m.submit(BOB, Requirement(3), wait=True, ask=DAY))
+    assert bob.reason == "waiting for a device to come free"
+    # Carol's jobs ran half an hour: planned so, her request backfills a kept device (by
+    # its two-day limit alone it would end after Alice's lease could, and wait).
+    lease = m.submit(CAROL, Requirement(1), wait=True, ask=TWO_DAYS)
+    assert granted(lease).devices[0] not in m.owner or m.owner[lease.devices[0]] == lease.id
+    m.check_invariants()
+
+
+def test_a_user_without_history_is_planned_by_the_time_limit_as_before():
+    m, _ = manager(3)
+    granted(m.submit(ALICE, Requirement(1), wait=False, ask=DAY))
+    queued(m.submit(BOB, Requirement(3), wait=True, ask=DAY))
+    carol = queued(m.submit(CAROL, Requirement(1), wait=True, ask=TWO_DAYS))
+    assert carol.reason.startswith("backfill window")
+
+
+def test_a_lease_that_outlives_its_prediction_is_planned_by_its_limit_again():
+    m, clock = manager(3)
+    _short_history(m, clock, ALICE)
+    long_one = granted(m.submit(ALICE, Requirement(1), wait=False, ask=DAY))
+    # Bob waits for all three. While Alice's lease is within its half-hour prediction, he
+    # is planned to start then, and Carol's 1-hour request may not backfill in front of him.
+    queued(m.submit(BOB, Requirement(3), wait=True, ask=DAY))
+    carol = queued(m.submit(CAROL, Requirement(1), wait=True, ask=Ask(time_limit_s=HOUR)))
+    assert carol.reason.startswith("backfill window")
+    # Past its prediction Alice's lease is planned by its limit: Bob is a day away, and
+    # Carol's hour fits in front of him.
+    clock.now += HOUR
+    [grant] = m.pump()
+    assert grant.request.id == carol.id
+    assert m.waiting.runtimes.end_of(long_one, clock.now) == long_one.expires_at
+    m.check_invariants()
+
+
+def test_only_runs_that_ended_by_themselves_count_and_only_the_last_two():
+    m, clock = manager(2)
+    book: RuntimeBook = m.waiting.runtimes
+    assert book.run_s(ALICE.uid, 86400.0) == 86400.0  # no history: the limit
+    _short_history(m, clock, ALICE, runs=3, run_s=HOUR)
+    lease = granted(m.submit(ALICE, Requirement(1), wait=False, ask=DAY))
+    clock.now += 3 * HOUR
+    m.release(lease.id, ALICE.uid)
+    assert book.run_s(ALICE.uid, 86400.0) == 2 * HOUR  # (1 h + 3 h) / 2
+    assert book.run_s(ALICE.uid, 1800.0) == 1800.0  # never past the limit
+    revoked = granted(m.submit(ALICE, Requirement(1), wait=False, ask=DAY))
+    clock.now += 10 * HOUR
+    m.release(revoked.id, BOB.uid)  # another user's release is a revoke: says nothing of the job
+    assert book.run_s(ALICE.uid, 86400.0) == 2 * HOUR
