@@ -37,7 +37,7 @@ def test_a_user_whose_jobs_run_short_backfills_devices_kept_for_a_larger_request
     m.check_invariants()
 
 
-def test_a_user_without_history_is_planned_by_the_time_limit_as_before():
+def test_on_a_host_without_history_a_request_is_planned_by_its_time_limit_as_before():
     m, _ = manager(3)
     granted(m.submit(ALICE, Requirement(1), wait=False, ask=DAY))
     queued(m.submit(BOB, Requirement(3), wait=True, ask=DAY))
@@ -47,6 +47,7 @@ def test_a_user_without_history_is_planned_by_the_time_limit_as_before():
 
 def test_a_lease_that_outlives_its_prediction_is_planned_by_its_limit_again():
     m, clock = manager(3)
+    _short_history(m, clock, CAROL, run_s=2 * HOUR)  # Carol's jobs run their hour's limit out
     _short_history(m, clock, ALICE)
     long_one = granted(m.submit(ALICE, Requirement(1), wait=False, ask=DAY))
     # Bob waits for all three. While Alice's lease is within its half-hour prediction, he
@@ -77,3 +78,16 @@ def test_only_runs_that_ended_by_themselves_count_and_only_the_last_two():
     clock.now += 10 * HOUR
     m.release(revoked.id, BOB.uid)  # another user's release is a revoke: says nothing of the job
     assert book.run_s(ALICE.uid, 86400.0) == 2 * HOUR
+
+
+def test_a_user_new_to_the_host_is_planned_like_its_typical_lease():
+    m, clock = manager(3)
+    _short_history(m, clock, ALICE, runs=3, run_s=HOUR)  # the host's leases run an hour
+    granted(m.submit(ALICE, Requirement(1), wait=False, ask=DAY))
+    queued(m.submit(BOB, Requirement(3), wait=True, ask=DAY))
+    # Carol has no lease of her own yet: planned like the host's, an hour, she backfills
+    # the two devices kept for Bob until Alice's lease (planned an hour too) ends.
+    carol = m.submit(CAROL, Requirement(1), wait=True, ask=TWO_DAYS)
+    assert granted(carol).devices
+    assert m.waiting.runtimes.run_s(CAROL.uid, 86400.0) == HOUR
+    m.check_invariants()
