@@ -4,13 +4,15 @@ hogging the queue.
 
 Requests are visited in the queue's order (brokerd/leasing/queue_rules.py decides it). A
 request that cannot start now keeps the devices it will start on ("its shadow"): the
-devices it can use that come free first, judged by the time limits of the leases holding
-them and of the requests ahead that keep them. It keeps them until that shadow time. A
-later request may still take a kept device when its own time limit ends before the
-shadow time (backfill): it is gone by the time the request ahead could start, so it
-never delays it. A request without a time limit never
-backfills, and a request whose shadow cannot be known (a lease without a time limit is
-in the way) keeps its devices with no end.
+devices it can use that come free first, judged by when the leases holding them and the
+requests ahead that keep them are planned to end. It keeps them until that shadow time. A
+later request may still take a kept device when it is planned to end before the shadow
+time (backfill): it is gone by the time the request ahead could start. Plans for whole
+devices come from how long users' leases really run, at most their time limits
+(brokerd/leasing/runtimes.py; a lease past its plan is planned by its limit again);
+shares are planned by their limits. A request without a time limit never backfills, and
+a request whose shadow cannot be known (a lease without a time limit is in the way) keeps
+its devices with no end.
 
 A request that its own user's leases block (it could only start once that user releases
 one of them), or that a policy limit holds back, keeps nothing: else a user holding 1 of
