@@ -194,6 +194,16 @@ def test_tiny_trace_against_slurm_with_fair_share_is_the_reference(tmp_path: Pat
     assert all(row[0].strip() == "lab" for user, row in users.items() if user != "root")
 
 
+def test_tiny_trace_against_slurm_with_fair_share_and_a_cap_is_like_against_like(tmp_path: Path) -> None:
+    result = _replay(tmp_path, "vaccel-policy,slurm-fs-policy")
+    for system in result["systems"].values():
+        _check_sane(system, len(TINY))
+    assert set(result["like"]) == {"vaccel-policy / slurm-fs-policy"}
+    # The cap is the QOS's: slurmdbd knows gres/gpu once slurmctld registered it.
+    qos = result["setup"]["slurm-fs-policy"]["qos"]
+    assert "gres/gpu=" in qos, qos
+
+
 SACCT = """JobID|User|JobName|Submit|Start|End|Timelimit|AllocTRES
 101|ann|train|2025-03-03T09:00:00|2025-03-03T09:00:05|2025-03-03T10:00:05|1-00:00:00|billing=1,cpu=1,gres/gpu=1,node=1
 102|bob|interactive|2025-03-03T09:10:00|2025-03-03T09:20:00|2025-03-03T11:20:00|04:00:00|cpu=1,gres/gpu:a100=2,node=1

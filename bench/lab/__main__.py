@@ -110,8 +110,8 @@ def run(args: argparse.Namespace, jobs: list[Any]) -> dict[str, Any]:
                 outcomes, setup[name] = replay_vaccel.replay(steps, name, compression, args.devices, args.timeout,
                                                              args.faults)
                 injected = setup[name].pop("faults", {})
-        except replay_vaccel.ReplayError as exc:  # the other systems' figures are kept: a run is long
-            failed[name] = str(exc)
+        except Exception as exc:  # the other systems' figures are kept: a run is long
+            failed[name] = str(exc) if isinstance(exc, replay_vaccel.ReplayError) else f"{type(exc).__name__}: {exc}"
             print(f"bench.lab: {exc}", file=sys.stderr, flush=True)
             continue
         systems[name] = {**figures(outcomes, args.devices), "replay_s": time.monotonic() - began,
@@ -125,7 +125,17 @@ def run(args: argparse.Namespace, jobs: list[Any]) -> dict[str, Any]:
     return {"trace": {**summary(jobs, args.devices), "source": args.trace or f"seed {args.seed}"},
             "devices": args.devices, "speed": args.speed, "limit_step_s": compression.limit_step_s,
             "distinct_uids": os.geteuid() == 0, "systems": systems, "reference": reference,
-            "ratios": ratios(systems, reference), "setup": setup, "failed": failed}
+            "ratios": ratios(systems, reference), "like": _like_ratios(systems), "setup": setup, "failed": failed}
+
+
+# Like against like (issue 45): the lab's policy on both sides (the same --time rule, a
+# per-user cap), beside the ratios against the reference.
+LIKE = (("vaccel-policy", "slurm-fs-policy"),)
+
+
+def _like_ratios(systems: dict[str, dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    return {f"{ours} / {theirs}": ratios({ours: systems[ours], theirs: systems[theirs]}, theirs)[ours]
+            for ours, theirs in LIKE if ours in systems and theirs in systems}
 
 
 def _ratio(ratios: dict[str, float | None], key: str, width: int) -> str:
@@ -150,8 +160,8 @@ def render(result: dict[str, Any]) -> str:
                      f"{format_duration(s['wait_p50_s']):>10}{format_duration(s['wait_p90_s']):>10}{format_duration(s['wait_max_s']):>10}"
                      f"{s['jain']:>7.3f}{s['slowdown_user_median']:>7.2f} /{s['slowdown_user_max']:>5.1f}"
                      f"{format_duration(s['makespan_s']):>10}")
-    for name, r in result["ratios"].items():
-        label = f"{name} / {result['reference']}"
+    pairs = [(f"{name} / {result['reference']}", r) for name, r in result["ratios"].items()]
+    for label, r in [*pairs, *result.get("like", {}).items()]:
         lines.append(f"{label:<32}{_ratio(r, 'utilization', 7)}{_ratio(r, 'idle_while_waiting_s', 11)}"
                      f"{_ratio(r, 'wait_p50_s', 10)}{_ratio(r, 'wait_p90_s', 10)}{_ratio(r, 'wait_max_s', 10)}"
                      f"{_ratio(r, 'jain', 7)}{_ratio(r, 'slowdown_user_median', 8)}{'':6}{_ratio(r, 'makespan_s', 10)}")

@@ -148,6 +148,9 @@ def replay(steps: list[Step], compression: Compression, devices: int,
             # Each association's fair-share figures at the end (sshare -P: Account|User|RawShares|
             # NormShares|RawUsage|EffectvUsage|FairShare): that fair share was in force.
             setup["sshare"] = cluster.run("sshare", "-a", "-P", timeout=30).stdout.splitlines()
+            # The QOS its jobs ran under (the cap of slurm-fs-policy is its MaxTRESPerUser).
+            setup["qos"] = cluster.run("sacctmgr", "-n", "-P", "show", "qos", "normal", "format=Name,MaxTRESPU",
+                                       timeout=30).stdout.strip()
         return outcomes, setup
     finally:
         cluster.stop()

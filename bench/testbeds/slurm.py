@@ -106,6 +106,8 @@ class SlurmCluster:
             self._spawn("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
             self._spawn("slurmd", ["slurmd", "-D", "-f", str(self.conf), "-N", self.node])
             self._wait_idle(deadline)
+            if self.accounting is not None:
+                self.accounting.cap_users(self.env())
         except BaseException as err:
             logs = self.logs()
             self.stop()

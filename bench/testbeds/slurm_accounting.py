@@ -126,11 +126,20 @@ StorageLoc=slurm_acct_{cluster_name.replace('-', '_')}
             raise RuntimeError(f"no such user(s) on this host: {', '.join(missing)}")
         sacctmgr("add", "cluster", cluster_name)
         sacctmgr("add", "account", ACCOUNT, f"Cluster={cluster_name}")
-        if self.user_gpus:
-            sacctmgr("modify", "qos", "normal", "set", f"MaxTRESPerUser=gres/gpu={self.user_gpus}")
         for start in range(0, len(self.users), 50):
             sacctmgr("add", "user", ",".join(self.users[start:start + 50]), f"Account={ACCOUNT}",
                      f"Cluster={cluster_name}")
+
+    def cap_users(self, env: dict[str, str]) -> None:
+        """The per-user GPU cap through the QOS, once slurmctld has registered gres/gpu with
+        slurmdbd (AccountingStorageTRES): before that the database knows no such TRES."""
+        if not self.user_gpus:
+            return
+        done = subprocess.run(["sacctmgr", "-i", "modify", "qos", "normal", "set",
+                               f"MaxTRESPerUser=gres/gpu={self.user_gpus}"],
+                              capture_output=True, text=True, timeout=60, env=env)
+        if done.returncode:
+            raise RuntimeError(f"sacctmgr modify qos normal: {done.stdout}{done.stderr}")
 
 
 def _known(user: str) -> bool:
