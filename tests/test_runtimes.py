@@ -91,3 +91,15 @@ def test_a_user_new_to_the_host_is_planned_like_its_typical_lease():
     assert granted(carol).devices
     assert m.waiting.runtimes.run_s(CAROL.uid, 86400.0) == HOUR
     m.check_invariants()
+
+
+def test_a_plan_goes_with_its_lease_whether_it_ends_or_its_grant_is_undone():
+    m, clock = manager(2)
+    book = m.waiting.runtimes
+    ended = granted(m.submit(ALICE, Requirement(1), wait=False, ask=DAY))
+    undone = granted(m.submit(BOB, Requirement(1), wait=False, ask=DAY))
+    assert set(book._planned) == {ended.id, undone.id}
+    m.rollback(undone.id)  # the store could not record it
+    clock.now += HOUR
+    m.release(ended.id, ALICE.uid)
+    assert book._planned == {}

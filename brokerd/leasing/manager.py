@@ -238,9 +238,9 @@ class LeaseManager:
 
     def rollback(self, lease_id: str) -> None:
         """Undo a grant that could not be made durable, as if it never happened."""
-        lease = self.leases.get(lease_id)
-        if lease is not None:
+        if (lease := self.leases.get(lease_id)) is not None:
             self.holdings.give_back(lease)
+            self.waiting.runtimes.forget(lease.id)
 
     # -- leases ------------------------------------------------------------------------
 

@@ -47,11 +47,15 @@ class RuntimeBook:
     def add(self, lease: Lease) -> None:
         """An ended lease's run, when it ended by itself (a memory share says nothing about
         whole devices' jobs)."""
-        self._planned.pop(lease.id, None)
+        self.forget(lease.id)
         if lease.state in _SELF_ENDED and not lease.share_mib and lease.ended_at:
             run_s = max(0.0, lease.ended_at - lease.granted_at)
             self._runs.setdefault(lease.holder.uid, deque(maxlen=_HISTORY)).append(run_s)
             self._host_runs.append(run_s)
+
+    def forget(self, lease_id: str) -> None:
+        """A lease ended or its grant was undone: its plan goes."""
+        self._planned.pop(lease_id, None)
 
     def run_s(self, uid: int, limit_s: float) -> float:
         """How long a lease of `uid` with time limit `limit_s` is planned to run. Without a
