@@ -21,6 +21,12 @@ log = logging.getLogger("vaccel.brokerd")
 SERVICE = "vaccel.v1.Broker"
 OPEN_FILES = 65536  # matches LimitNOFILE= in systemd/vaccel-brokerd.service
 MAX_CONNECTIONS = 16384  # below OPEN_FILES: the daemon's own files never run out first
+# Calls that have arrived but that the event loop has not taken in yet. gRPC's defaults
+# cancel new ones at random past 1,000 and every one past 3,000: when a lab's users start
+# at once (40 users queueing 50 requests each, bench.scale), waiting requests ended
+# CANCELLED before the broker saw them. Now one per connection the daemon allows: a
+# flood's backlog stays bounded by the connections' bound.
+MAX_PENDING_CALLS = MAX_CONNECTIONS
 
 # A connection costs one file descriptor until it is closed. A holder's client sends a
 # heartbeat at least every 5 s and a waiter has its Acquire stream open, so neither is
@@ -31,6 +37,8 @@ CONNECTION_OPTIONS: list[tuple[str, int]] = [
     ("grpc.max_connection_idle_ms", 30_000),
     ("grpc.server_handshake_timeout_ms", 5_000),
     ("grpc.max_concurrent_streams", 256),
+    ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
+    ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS),
 ]
 
 
