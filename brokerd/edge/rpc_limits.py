@@ -27,6 +27,11 @@ MAX_CONNECTIONS = 16384  # below OPEN_FILES: the daemon's own files never run ou
 # CANCELLED before the broker saw them. Now one per connection the daemon allows: a
 # flood's backlog stays bounded by the connections' bound.
 MAX_PENDING_CALLS = MAX_CONNECTIONS
+# And gRPC cancels a call still not taken in after 30 s: 9,000 requests queueing at once
+# took the loop 34 s on the 2-core test box (bench.scale, 10,000 waiting), and the last
+# 2,600 ended CANCELLED. A waiter has no deadline and may wait for the loop; a unary
+# call's client gives up at its own deadline (30 s in vaccel's), which frees it first.
+MAX_UNTAKEN_S = 600
 
 # A connection costs one file descriptor until it is closed. A holder's client sends a
 # heartbeat at least every 5 s and a waiter has its Acquire stream open, so neither is
@@ -39,6 +44,7 @@ CONNECTION_OPTIONS: list[tuple[str, int]] = [
     ("grpc.max_concurrent_streams", 256),
     ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
     ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS),
+    ("grpc.server_max_unrequested_time_in_server", MAX_UNTAKEN_S),
 ]
 
 
