@@ -87,7 +87,8 @@ class Client:
             try:
                 await self.stub.Heartbeat(request, metadata=self.metadata, timeout=10)
             except Exception as exc:
-                self.errors.append(f"heartbeat {lease_id}: {exc!r}")
+                if lease_id in self.held:  # else released while this beat was on its way
+                    self.errors.append(f"heartbeat {lease_id}: {exc!r}")
 
     async def _acquire(self, report: bool) -> None:
         """One Acquire stream, read to its end (a stream dropped early is a client that left)."""
