@@ -53,10 +53,12 @@ def _client_main(path: str, count: int, opened: Any, stop: Any) -> None:
     asyncio.run(main())
 
 
-def rss_by_streams(bench: Bench, counts: list[int], per_process: int, rss_mb: Any) -> dict[int, float]:
-    """The bare server's RSS (MB) once it holds each of `counts` streams (ascending)."""
+def rss_by_streams(bench: Bench, counts: list[int], per_process: int, rss_mb: Any, ctx: Any = None) -> dict[int, float]:
+    """The bare server's RSS (MB) once it holds each of `counts` streams (ascending); its
+    clients start from `ctx` (default the bench's)."""
     path = str(bench.workdir / "bare.sock")
-    ready, stop, opened = bench.ctx.Event(), bench.ctx.Event(), bench.ctx.Queue()
+    ctx = ctx or bench.ctx
+    ready, stop, opened = bench.ctx.Event(), ctx.Event(), ctx.Queue()
     server = bench.ctx.Process(target=bare_server_main, args=(path, ready, _hold_methods), daemon=True,
                                name="bare-streams")
     server.start()
@@ -69,7 +71,7 @@ def rss_by_streams(bench: Bench, counts: list[int], per_process: int, rss_mb: An
         for count in sorted(counts):
             while held < count:
                 share = min(per_process, count - held)
-                client = bench.ctx.Process(target=_client_main, args=(path, share, opened, stop), daemon=True)
+                client = ctx.Process(target=_client_main, args=(path, share, opened, stop), daemon=True)
                 client.start()
                 clients.append(client)
                 try:

@@ -109,10 +109,22 @@ def test_scale_benchmark_runs_a_tiny_host() -> None:
     assert row["devices"] == 2 and row["waiters"] == 3
     assert row["cpu_pct"] >= 0 and row["rss_mb"] > 0 and row["status_p50_ms"] > 0 and row["grant_p50_ms"] > 0
     assert row["grant_settled_p50_ms"] > 0 and row["grant_settled_p90_ms"] >= row["grant_settled_p50_ms"]
+    # `vaccel run --no-wait` on the full host: refused (75), and how long the user waited for it.
+    assert row["no_wait_p50_ms"] > 0 and row["no_wait_p90_ms"] >= row["no_wait_p50_ms"]
+    assert row["kb_per_waiter"] == 0.0  # one step: nothing to compare it with
+    assert len(result["load_before"]) == 3 and len(result["load_after"]) == 3
     assert set(row["pass"]) == {"cpu", "rss", "status", "grant", "grant settled"}
     # The memory reference: a bare grpc.aio server holding as many streams, in the same run.
     assert result["bare_rss_mb"]["3"] > 0 and row["bare_rss_mb"] == result["bare_rss_mb"]["3"]
     assert row["rss_x_bare"] == row["rss_mb"] / row["bare_rss_mb"]
+
+
+def test_scale_benchmark_says_when_the_queue_is_not_reached_within_the_join_budget() -> None:
+    done = _bench("-m", "bench.scale", "--devices", "2", "--waiters", "3", "--window", "0.5",
+                  "--status-runs", "1", "--grants", "1", "--join-budget", "0.001", "--json")
+    assert done.returncode == 0, done.stderr
+    [row] = json.loads(done.stdout)["rows"]
+    assert "--join-budget" in row["error"] and row["waiters"] == 3 and row["rss_mb"] > 0
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a private dockerd needs root")

@@ -64,6 +64,7 @@ class WaitingRoom:
         self._boxes: dict[str, Mailbox] = {}
         self._scheduled: asyncio.TimerHandle | None = None
         self._next_pass_at = 0.0  # loop time before which the last pass says to wait
+        self._held: tuple[DeviceView, ...] = ()  # the last lines' held devices
 
     def open(self, request_id: str) -> Mailbox:
         """A mailbox for the request's waiter. A waiter that came back on a new stream
@@ -136,6 +137,12 @@ class WaitingRoom:
         devices = manager.devices
         held = tuple(device_view(manager, devices[uuid]) for uuid in (*manager.owner, *manager.holdings.shares)
                      if uuid in devices)
+        # Newcomers share one tuple while nothing held changed: each waiter keeps its last
+        # line while it waits, and 64 views each was ~8 KB a waiter.
+        if held == self._held:
+            held = self._held
+        else:
+            self._held = held
         summary = manager.holders_summary() if any(box.last_seen == (0, "") for _, _, box in changed) else ""
         for place, request, box in changed:
             first = box.last_seen == (0, "")

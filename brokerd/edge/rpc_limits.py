@@ -21,6 +21,17 @@ log = logging.getLogger("vaccel.brokerd")
 SERVICE = "vaccel.v1.Broker"
 OPEN_FILES = 65536  # matches LimitNOFILE= in systemd/vaccel-brokerd.service
 MAX_CONNECTIONS = 16384  # below OPEN_FILES: the daemon's own files never run out first
+# Calls that have arrived but that the event loop has not taken in yet. gRPC's defaults
+# cancel new ones at random past 1,000 and every one past 3,000: when a lab's users start
+# at once (40 users queueing 50 requests each, bench.scale), waiting requests ended
+# CANCELLED before the broker saw them. Now one per connection the daemon allows: a
+# flood's backlog stays bounded by the connections' bound.
+MAX_PENDING_CALLS = MAX_CONNECTIONS
+# And gRPC cancels a call still not taken in after 30 s: 9,000 requests queueing at once
+# took the loop 34 s on the 2-core test box (bench.scale, 10,000 waiting), and the last
+# 2,600 ended CANCELLED. A waiter has no deadline and may wait for the loop; a unary
+# call's client gives up at its own deadline (30 s in vaccel's), which frees it first.
+MAX_UNTAKEN_S = 600
 
 # A connection costs one file descriptor until it is closed. A holder's client sends a
 # heartbeat at least every 5 s and a waiter has its Acquire stream open, so neither is
@@ -31,6 +42,9 @@ CONNECTION_OPTIONS: list[tuple[str, int]] = [
     ("grpc.max_connection_idle_ms", 30_000),
     ("grpc.server_handshake_timeout_ms", 5_000),
     ("grpc.max_concurrent_streams", 256),
+    ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
+    ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS),
+    ("grpc.server_max_unrequested_time_in_server", MAX_UNTAKEN_S),
 ]
 
 
@@ -111,15 +125,21 @@ def _guarded(name: str, handler: grpc.RpcMethodHandler, limit: int | None) -> gr
 
         return grpc.unary_stream_rpc_method_handler(written, response_serializer=handler.response_serializer)
 
-    async def stream(raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+    serialize = handler.response_serializer or (lambda message: message)
+
+    async def stream(raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         updates = streaming(await _decode(name, decode, raw, context, limit), context)
         try:
             async for update in updates:
-                yield update
+                # gRPC keeps the last message of a stream until the next: a waiter's is
+                # kept as its bytes, not as the message (whose arena is ~6x larger).
+                data = serialize(update)
+                del update
+                yield data
         finally:
             await updates.aclose()
 
-    return grpc.unary_stream_rpc_method_handler(stream, response_serializer=handler.response_serializer)
+    return grpc.unary_stream_rpc_method_handler(stream)
 
 
 def _guarded_bidi(name: str, handler: grpc.RpcMethodHandler, limit: int | None) -> grpc.RpcMethodHandler:
