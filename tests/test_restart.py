@@ -17,12 +17,14 @@ import sys
 import time
 from pathlib import Path
 
+from brokerd.base.process import Holder
 from brokerd.config.loader import Config
 from brokerd.contract import Requirement
 from brokerd.core.queueing import Rebuilt
 from brokerd.core.service import BrokerService
 from brokerd.core.waiting import QueuedUpdate
 from brokerd.leasing.model import Lease
+from brokerd.state.queue_record import WaitRecord
 from brokerd.state.store import LeaseStore
 from tests.conftest import Broker
 from tests.test_grant_races import identity_of
@@ -150,6 +152,41 @@ def test_a_grant_made_while_its_waiter_is_away_is_kept_for_it(tmp_path: Path):
         for p in sleepers:
             p.kill()
             p.wait()
+
+
+def test_a_request_its_client_asked_for_again_comes_back_once(tmp_path: Path):
+    """A waiter whose grant could not be recorded (a full disk) asks again under its key, and
+    the old request's record may stay on disk beside the new one (its removal met the same
+    disk). After a restart only the newer waits: the older, granted to nobody, would expire
+    unheard and get its live client reaped (issue 46's faulted day)."""
+    sleeper = subprocess.Popen(["sleep", "60"])
+    waiter = Holder.of(identity_of(sleeper), "ann", "sleep 60")
+
+    async def recorded() -> None:
+        store = LeaseStore(tmp_path)
+        store.open()
+        for n, request_id in enumerate(("r-refused", "r-asked-again")):
+            await store.save_queued(WaitRecord(request_id, "k", waiter, time.time() + n, 0.0, b"1"))
+        store.close()
+
+    async def after() -> None:
+        store, service = open_service(tmp_path)
+        try:
+            assert [r.id for r in service.manager.queue] == ["r-asked-again"]
+            assert service.records.get("r-refused") is None
+            back = service.acquire(waiter, Requirement(1), wait=True, max_wait_s=None, key="k", spec=b"1")
+            update = await anext(back)  # the client takes up its own newer place
+            assert isinstance(update, QueuedUpdate) and update.request_id == "r-asked-again"
+            await crash(store, service, [back])
+        finally:
+            store.close()
+
+    try:
+        asyncio.run(recorded())
+        asyncio.run(after())
+    finally:
+        sleeper.kill()
+        sleeper.wait()
 
 
 # -- the real daemon -------------------------------------------------------------------
