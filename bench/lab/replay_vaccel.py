@@ -187,9 +187,27 @@ def replay(steps: list[Step], system: str, compression: Compression, devices: in
             injector.stop()
         if broker is not None:
             broker.stop()
+        _keep_logs(workdir, system)
         if injector is not None:
             injector.unmount()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _keep_logs(workdir: Path, system: str) -> None:
+    """With VACCEL_LAB_KEEP=DIR, the daemon's log, the drivers' stderr and the state folder
+    (journal, accounting) are copied to DIR/SYSTEM before the replay's folder goes: a lost
+    job is explained there."""
+    keep = os.environ.get("VACCEL_LAB_KEEP")
+    if not keep:
+        return
+    into = Path(keep) / system
+    into.mkdir(parents=True, exist_ok=True)
+    for name in ("brokerd.log", "drivers.log"):
+        if (workdir / name).exists():
+            shutil.copy(workdir / name, into / name)
+    if (workdir / "state").is_dir():
+        shutil.copytree(workdir / "state", into / "state", dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("filler", "*.sock"))
 
 
 def _outcomes(steps: list[Step], drivers: list[_Driver], start: float, compression: Compression,
