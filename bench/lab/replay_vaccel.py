@@ -2,8 +2,8 @@
 
 Each lab user is a client process of their own (bench/lab/user_driver.py) under a uid of
 their own when we are root (61001, 61002, ...: the broker's fair queue and limits go by
-the kernel's uid; no account needs to exist), each job a thread taking a lease, holding it,
-giving it back. The drivers run from a world-readable copy of the client packages, since
+the kernel's uid; no account needs to exist), each job a process of its own under it taking
+a lease, holding it, giving it back. The drivers run from a world-readable copy of the client packages, since
 the checkout may sit where other users cannot read.
 
 The broker runs with its defaults, each lab duration among them divided by the speed:
@@ -68,8 +68,8 @@ def broker_config(system: str, compression: Compression, devices: int, largest: 
         lines[1:1] = ["lend_idle = true", f"lend_notice = {real(LEND_NOTICE_S)}"]
         # A holder hears of a notice at its next heartbeat (a quarter of the TTL): compressed,
         # 5 lab minutes are under 2 real seconds, so the TTL shrinks with it, as a lab's 30 s
-        # TTL is to its 5 minutes of notice. (A lease ended unheard is reaped: the driver
-        # process holding every job of its user would go with it.)
+        # TTL is to its 5 minutes of notice. (A lease ended unheard is reaped: its job's
+        # process would go with it.)
         lines[:0] = ["[leases]", f'heartbeat_ttl = "{max(1.0, compression.real(LEND_NOTICE_S) * 4 / 3):.3f}s"']
     return "\n".join(lines) + "\n"
 
