@@ -189,6 +189,41 @@ def test_a_request_its_client_asked_for_again_comes_back_once(tmp_path: Path):
         sleeper.wait()
 
 
+def test_a_request_its_client_holds_a_lease_for_does_not_come_back(tmp_path: Path):
+    """The same, when the client's new request was granted from the queue: the lease it
+    holds carries the request's key, so the old record left on disk is its client's past."""
+    sleepers = [subprocess.Popen(["sleep", "60"]) for _ in range(2)]
+    holder = identity_of(sleepers[0])
+    waiter = Holder.of(identity_of(sleepers[1]), "ann", "sleep 60")
+
+    async def before() -> str:
+        store, service = open_service(tmp_path)
+        held = service.acquire(holder, Requirement(1), wait=False, max_wait_s=None, spec=b"1")
+        first = await anext(held)
+        await store.save_queued(WaitRecord("r-refused", "k", waiter, time.time(), 0.0, b"1"))
+        stream = service.acquire(waiter, Requirement(1), wait=True, max_wait_s=None, key="k", spec=b"1")
+        assert isinstance(await anext(stream), QueuedUpdate)
+        await service.release(holder, first.id)
+        granted = [x async for x in stream if isinstance(x, Lease)]
+        await crash(store, service, [held, stream])
+        return granted[0].id
+
+    async def after(lease_id: str) -> None:
+        store, service = open_service(tmp_path)
+        try:
+            assert list(service.manager.leases) == [lease_id]
+            assert service.manager.queue == [] and service.records.get("r-refused") is None
+        finally:
+            await crash(store, service, [])
+
+    try:
+        asyncio.run(after(asyncio.run(before())))
+    finally:
+        for p in sleepers:
+            p.kill()
+            p.wait()
+
+
 # -- the real daemon -------------------------------------------------------------------
 
 ONE_GPU = """devices:
