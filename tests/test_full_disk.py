@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from vaccel.session.outcome import EXIT_UNAVAILABLE
 
-from tests.test_broker_integration import wait_for
+from tests.test_broker_integration import leased, status, wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs for the state directory")
 
@@ -74,3 +74,45 @@ def test_a_full_disk_refuses_grants_with_the_reason_and_loses_no_ended_lease(sta
     status = json.loads(broker.vaccel("status", "--json").stdout)
     assert all(d["state"] == "free" for d in status["devices"]), status["devices"]
     assert wanted <= set(reported(broker))
+
+
+def test_a_grant_the_full_disk_refused_leaves_no_request_behind_for_a_restart(start_broker, small_state_dir):
+    """A waiter whose grant could not be recorded asks again under its key and gets a lease
+    of its own. The request the refused grant was for must not come back at the next
+    restart as a second request of the same live client: granted to nobody, its lease would
+    expire unheard and the reaper SIGTERM that client (issue 46's faulted day lost every
+    job of a user's driver so)."""
+    broker = start_broker(workdir=small_state_dir)
+    first_done, second_done = small_state_dir / "first-done", small_state_dir / "second-done"
+
+    def run_until(done: Path) -> subprocess.Popen[str]:
+        return subprocess.Popen([broker.python, "-m", "vaccel.cli", "run", "--gpus", "4", "--", "sh", "-c",
+                                 f"while [ ! -e {done} ]; do sleep 0.05; done"],
+                                env=broker.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    holder = run_until(first_done)
+    wait_for(lambda: len(leased(broker)) == 4)
+    waiter = run_until(second_done)
+    try:
+        wait_for(lambda: status(broker)["queue"])  # on disk before its waiter hears its place
+        filler = broker.state_dir / "filler"
+        subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True)
+        first_done.touch()
+        assert holder.wait(timeout=60) == 0, holder.stderr.read()
+        told = ""
+        while "disk is full" not in told:  # its grant met the full disk: it asks again
+            told = waiter.stderr.readline()
+            assert told, "the waiter ended without hearing of the full disk"
+        filler.unlink()
+        wait_for(lambda: len(leased(broker)) == 4 and not status(broker)["queue"])  # the waiter holds them
+        broker.kill9()
+        broker.start()
+        assert status(broker)["queue"] == [], "the refused grant's request came back from the disk"
+        second_done.touch()
+        assert waiter.wait(timeout=60) == 0, waiter.stderr.read()
+        assert not leased(broker)
+    finally:
+        for proc in (holder, waiter):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

@@ -17,12 +17,14 @@ import sys
 import time
 from pathlib import Path
 
+from brokerd.base.process import Holder
 from brokerd.config.loader import Config
 from brokerd.contract import Requirement
 from brokerd.core.queueing import Rebuilt
 from brokerd.core.service import BrokerService
 from brokerd.core.waiting import QueuedUpdate
 from brokerd.leasing.model import Lease
+from brokerd.state.queue_record import WaitRecord
 from brokerd.state.store import LeaseStore
 from tests.conftest import Broker
 from tests.test_grant_races import identity_of
@@ -146,6 +148,76 @@ def test_a_grant_made_while_its_waiter_is_away_is_kept_for_it(tmp_path: Path):
         sleepers[0].kill()
         sleepers[0].wait()
         asyncio.run(after())
+    finally:
+        for p in sleepers:
+            p.kill()
+            p.wait()
+
+
+def test_a_request_its_client_asked_for_again_comes_back_once(tmp_path: Path):
+    """A waiter whose grant could not be recorded (a full disk) asks again under its key, and
+    the old request's record may stay on disk beside the new one (its removal met the same
+    disk). After a restart only the newer waits: the older, granted to nobody, would expire
+    unheard and get its live client reaped (issue 46's faulted day)."""
+    sleeper = subprocess.Popen(["sleep", "60"])
+    waiter = Holder.of(identity_of(sleeper), "ann", "sleep 60")
+
+    async def recorded() -> None:
+        store = LeaseStore(tmp_path)
+        store.open()
+        for n, request_id in enumerate(("r-refused", "r-asked-again")):
+            await store.save_queued(WaitRecord(request_id, "k", waiter, time.time() + n, 0.0, b"1"))
+        store.close()
+
+    async def after() -> None:
+        store, service = open_service(tmp_path)
+        try:
+            assert [r.id for r in service.manager.queue] == ["r-asked-again"]
+            assert service.records.get("r-refused") is None
+            back = service.acquire(waiter, Requirement(1), wait=True, max_wait_s=None, key="k", spec=b"1")
+            update = await anext(back)  # the client takes up its own newer place
+            assert isinstance(update, QueuedUpdate) and update.request_id == "r-asked-again"
+            await crash(store, service, [back])
+        finally:
+            store.close()
+
+    try:
+        asyncio.run(recorded())
+        asyncio.run(after())
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_request_its_client_holds_a_lease_for_does_not_come_back(tmp_path: Path):
+    """The same, when the client's new request was granted from the queue: the lease it
+    holds carries the request's key, so the old record left on disk is its client's past."""
+    sleepers = [subprocess.Popen(["sleep", "60"]) for _ in range(2)]
+    holder = identity_of(sleepers[0])
+    waiter = Holder.of(identity_of(sleepers[1]), "ann", "sleep 60")
+
+    async def before() -> str:
+        store, service = open_service(tmp_path)
+        held = service.acquire(holder, Requirement(1), wait=False, max_wait_s=None, spec=b"1")
+        first = await anext(held)
+        await store.save_queued(WaitRecord("r-refused", "k", waiter, time.time(), 0.0, b"1"))
+        stream = service.acquire(waiter, Requirement(1), wait=True, max_wait_s=None, key="k", spec=b"1")
+        assert isinstance(await anext(stream), QueuedUpdate)
+        await service.release(holder, first.id)
+        granted = [x async for x in stream if isinstance(x, Lease)]
+        await crash(store, service, [held, stream])
+        return granted[0].id
+
+    async def after(lease_id: str) -> None:
+        store, service = open_service(tmp_path)
+        try:
+            assert list(service.manager.leases) == [lease_id]
+            assert service.manager.queue == [] and service.records.get("r-refused") is None
+        finally:
+            await crash(store, service, [])
+
+    try:
+        asyncio.run(after(asyncio.run(before())))
     finally:
         for p in sleepers:
             p.kill()

@@ -2,8 +2,8 @@
 
 Each lab user is a client process of their own (bench/lab/user_driver.py) under a uid of
 their own when we are root (61001, 61002, ...: the broker's fair queue and limits go by
-the kernel's uid; no account needs to exist), each job a thread taking a lease, holding it,
-giving it back. The drivers run from a world-readable copy of the client packages, since
+the kernel's uid; no account needs to exist), each job a process of its own under it taking
+a lease, holding it, giving it back. The drivers run from a world-readable copy of the client packages, since
 the checkout may sit where other users cannot read.
 
 The broker runs with its defaults, each lab duration among them divided by the speed:
@@ -69,8 +69,8 @@ def broker_config(system: str, compression: Compression, devices: int, largest: 
         lines[1:1] = ["lend_idle = true", f"lend_notice = {real(LEND_NOTICE_S)}"]
         # A holder hears of a notice at its next heartbeat (a quarter of the TTL): compressed,
         # 5 lab minutes are under 2 real seconds, so the TTL shrinks with it, as a lab's 30 s
-        # TTL is to its 5 minutes of notice. (A lease ended unheard is reaped: the driver
-        # process holding every job of its user would go with it.)
+        # TTL is to its 5 minutes of notice. (A lease ended unheard is reaped: its job's
+        # process would go with it.)
         lines[:0] = ["[leases]", f'heartbeat_ttl = "{max(1.0, compression.real(LEND_NOTICE_S) * 4 / 3):.3f}s"']
     return "\n".join(lines) + "\n"
 
@@ -188,9 +188,27 @@ def replay(steps: list[Step], system: str, compression: Compression, devices: in
             injector.stop()
         if broker is not None:
             broker.stop()
+        _keep_logs(workdir, system)
         if injector is not None:
             injector.unmount()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _keep_logs(workdir: Path, system: str) -> None:
+    """With VACCEL_LAB_KEEP=DIR, the daemon's log, the drivers' stderr and the state folder
+    (journal, accounting) are copied to DIR/SYSTEM before the replay's folder goes: a lost
+    job is explained there."""
+    keep = os.environ.get("VACCEL_LAB_KEEP")
+    if not keep:
+        return
+    into = Path(keep) / system
+    into.mkdir(parents=True, exist_ok=True)
+    for name in ("brokerd.log", "drivers.log"):
+        if (workdir / name).exists():
+            shutil.copy(workdir / name, into / name)
+    if (workdir / "state").is_dir():
+        shutil.copytree(workdir / "state", into / "state", dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("filler", "*.sock"))
 
 
 def _outcomes(steps: list[Step], drivers: list[_Driver], start: float, compression: Compression,

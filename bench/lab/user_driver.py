@@ -1,19 +1,26 @@
-"""One lab user's jobs against a vaccel broker: a process of its own, run as that user's
-uid (the broker knows people by the kernel's word), each job a thread with its own
-LeaseSession, as a real client holds a lease.
+"""One lab user's jobs against a vaccel broker, run as that user's uid (the broker knows
+people by the kernel's word): a process for the user, and under it a process for each job,
+holding its lease with a LeaseSession of its own, as a lab's user runs each job as a
+command of its own. (One process holding all of a user's jobs made one lease reaped by
+the broker's enforcement, which signals the lease's holder process, take every other job
+of that user with it: not what a lab sees.)
 
     python -m bench.lab.user_driver SOCKET < plan
 
 stdin: one JSON line {"jobs": [{"id", "at", "gpus", "hold", "time", "reservation"}]}
 (real seconds after the replay's start: `at` when to ask, `hold` how long to hold, `time`
-the time limit to give, 0 for none), then, once this process has printed "ready", a line
-with the replay's start as Unix time. stdout: one JSON line per job as it ends:
-{"id", "asked", "granted", "ended"} (Unix times), "lease", "devices" (uuids) or {"id", "error"}.
+the time limit to give, 0 for none), then, once this process has printed "ready" (every
+job's process has started), a line with the replay's start as Unix time. stdout: one JSON
+line per job as it ends: {"id", "asked", "granted", "ended"} (Unix times), "lease",
+"devices" (uuids) or {"id", "error"} (also for a job whose process ended without a word).
+
+    python -m bench.lab.user_driver SOCKET --job     (one job: the same lines, for one job)
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import threading
 import time
@@ -94,12 +101,60 @@ def _hold(socket: str, job: dict[str, Any], hold: float, runs: list[list[float]]
         session.close()
 
 
+def _one_job(socket: str) -> int:
+    job = json.loads(sys.stdin.readline())
+    _say({"ready": True})
+    run_job(socket, float(sys.stdin.readline()), job)
+    return 0
+
+
+class _JobProcess:
+    """One job's process, and its lines passed on to this process's stdout."""
+
+    def __init__(self, socket: str, job: dict[str, Any]) -> None:
+        self.job = job
+        self.proc = subprocess.Popen([sys.executable, "-m", "bench.lab.user_driver", socket, "--job"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(job) + "\n")
+        self.proc.stdin.flush()
+
+    def ready(self) -> bool:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        return bool(line) and json.loads(line).get("ready", False)
+
+    def start(self, start: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(start)
+        self.proc.stdin.close()
+
+    def pass_on(self) -> None:
+        assert self.proc.stdout is not None
+        said = False
+        for line in self.proc.stdout:
+            said = True
+            _say(json.loads(line))
+        code = self.proc.wait()
+        if not said:  # killed (the broker's reaper signals a lease's holder): the job is lost
+            _say({"id": self.job["id"], "error": f"the job's process ended ({code}) without a record"})
+
+
 def main() -> int:
     socket = sys.argv[1]
+    if sys.argv[2:] == ["--job"]:
+        return _one_job(socket)
     plan = json.loads(sys.stdin.readline())
+    jobs = [_JobProcess(socket, job) for job in plan["jobs"]]
+    for job in jobs:
+        if not job.ready():
+            print(f"the process of job {job.job['id']} did not start", file=sys.stderr, flush=True)
+            return 1
     _say({"ready": True})
-    start = float(sys.stdin.readline())
-    threads = [threading.Thread(target=run_job, args=(socket, start, job), daemon=True) for job in plan["jobs"]]
+    start = sys.stdin.readline()
+    for job in jobs:
+        job.start(start)
+    threads = [threading.Thread(target=job.pass_on, daemon=True) for job in jobs]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -86,6 +86,12 @@ class Ledger:
         if grants:
             self._resave_ends()
         for grant in grants:
+            # The lease carries its request's key, as a grant made at once does: a client whose
+            # grant reply was lost gets it back when it asks again, and a record of the request
+            # left on disk is known at a restart for one its client has replaced (queueing.py).
+            record = self.records.get(grant.request.id)
+            if record is not None and not grant.lease.request_key:
+                grant.lease.request_key = record.key
             self.store.save_grant_then(grant.lease, grant.request.id,
                                        lambda error, grant=grant: self._granted_durably(grant, error))
         for lease in self.manager.lending.recalled:  # borrowed, and a request within limits needs it

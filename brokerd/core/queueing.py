@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import replace
 from typing import NamedTuple
 
@@ -159,8 +159,11 @@ class DurableQueue:
         if self.manager.cancel(record.request_id):
             self._waiter_gone(record, f"{holder.user} (pid {holder.pid}) left")
             return
-        # Granted while the client was leaving (cancelled, gave up): the grant may be in
-        # hand or still in the mailbox; one still being committed is found by the pump.
+        # Off the queue already: granted while the client was leaving (cancelled, gave up),
+        # or its grant could not be recorded (a full disk: the client asks again under its
+        # key). Its record leaves the disk too, or a restart would queue it again.
+        self.ledger.unrecord(record.request_id)
+        # The grant may be in hand or still in the mailbox; one still being committed is found by the pump.
         for grant in ([lease] if lease is not None else []) + box.unread_grants():
             if grant.active:
                 self.ledger.end(grant.id, RELEASED, LEFT)
@@ -205,11 +208,15 @@ class DurableQueue:
 
     def restore(self, records: list[WaitRecord], rebuild: Rebuild) -> None:
         """Put back the recorded queue, in order: requests whose process died meanwhile are
-        dropped, grants made for an absent waiter are kept for it."""
+        dropped, and those their client has replaced (see `replaced`); grants made for an
+        absent waiter are kept for it."""
+        stale = replaced(records, self.manager.leases.values())
         for record in records:
             holder = record.holder
             if not self.watcher.watch(holder.process):
                 self._drop_restored(record, f"pid {holder.pid} exited while the broker was down")
+            elif record.request_id in stale:
+                self._drop_restored(record, "its client asked again under the same key since")
             elif record.lease_id:
                 if record.lease_id in self.manager.leases:
                     self.records.add(record)
@@ -251,3 +258,21 @@ class DurableQueue:
                   user=holder.user, pid=holder.pid, request_id=record.request_id)
         self.ledger.unrecord(record.request_id)
         self.ledger.forget_if_idle(holder.process)
+
+
+def replaced(records: list[WaitRecord], leases: Iterable[Lease]) -> set[str]:
+    """The waiting requests (of `records`, in the order they were recorded) that their client
+    has replaced: it asked again under the same key, and holds a lease under it or waits as
+    a newer record. That happens when a grant cannot be recorded (a full disk): the waiter
+    is told so and asks again, while the old request's record stays on disk, its removal
+    having met the same full disk. Put back, it would be a second request of a live client
+    that nobody waits on: granted to nobody, its lease would expire unheard and the reaper
+    would signal that client (issue 46's faulted day)."""
+    newest = {(r.holder.process, r.holder.uid, r.key): r.request_id for r in records if r.key}
+    held = {(lease.holder.process, lease.holder.uid, lease.request_key) for lease in leases if lease.request_key}
+    stale = set()
+    for record in records:
+        mine = (record.holder.process, record.holder.uid, record.key)
+        if record.key and not record.lease_id and (newest[mine] != record.request_id or mine in held):
+            stale.add(record.request_id)
+    return stale
