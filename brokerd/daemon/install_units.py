@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from brokerd.config.loader import ConfigError, load_config
-from brokerd.daemon.unit_needs import DROPIN, write_dropin
+from brokerd.daemon.unit_needs import DROPIN, write_dropin, write_readable
 
 UNIT_NAME = "vaccel-brokerd.service"
 SYSUSERS_NAME = "vaccel.conf"
@@ -94,15 +94,6 @@ def render_unit(text: str, exec_path: str) -> str:
     return re.sub(r"(?m)^(ExecReload=[-+@!:]*)/usr/bin/vaccel-brokerd\b", lambda m: m[1] + exec_path, rendered)
 
 
-def _write(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.chmod(0o644)
-    tmp.replace(path)
-    return path
-
-
 def install_units(
     dest: Path = Path("/etc/systemd/system"),
     *,
@@ -121,12 +112,12 @@ def install_units(
     """
     exe = exec_path if exec_path is not None else find_executable()
     written = [
-        _write(dest / UNIT_NAME, render_unit(_source("unit").read_text(), exe)),
-        _write(sysusers_dir / SYSUSERS_NAME, _source("sysusers").read_text()),
+        write_readable(dest / UNIT_NAME, render_unit(_source("unit").read_text(), exe)),
+        write_readable(sysusers_dir / SYSUSERS_NAME, _source("sysusers").read_text()),
     ]
     config = config_dir / CONFIG_NAME
     if not config.exists():
-        written.append(_write(config, _source("config").read_text()))
+        written.append(write_readable(config, _source("config").read_text()))
     # What the configured features need beyond the unit (brokerd/daemon/unit_needs.py).
     dropin = dest / f"{UNIT_NAME}.d" / DROPIN.name
     try:

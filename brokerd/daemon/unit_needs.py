@@ -118,12 +118,19 @@ def write_dropin(config: Config, path: Path = DROPIN, root: Path = Path("/")) ->
     with_old = path.read_text() if path.exists() else None
     if with_old == text:
         return False
+    write_readable(path, text)
+    return True
+
+
+def write_readable(path: Path, text: str) -> Path:
+    """Write a file everyone may read (0644: the unit, its drop-in, the packaged config)
+    atomically, making its folder."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     tmp.chmod(0o644)
     tmp.replace(path)
-    return True
+    return path
 
 
 def blocks(need: Need) -> list[str]:
