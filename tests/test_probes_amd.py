@@ -268,15 +268,21 @@ def test_without_binding_nor_rocm_the_library_is_named(monkeypatch: pytest.Monke
     assert result.verdict.reason.startswith("libamd_smi.so not found: ROCm's amd-smi library is not installed")
 
 
+def _amdsmi_whose_import_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, source: str) -> None:
+    """An `amdsmi` package first on the path whose import runs `source` (the real wrapper's
+    behaviour without ROCm's library)."""
+    package = tmp_path / "amdsmi"
+    package.mkdir()
+    (package / "__init__.py").write_text(source)
+    monkeypatch.delitem(sys.modules, "amdsmi", raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
 def test_the_real_binding_without_rocm_names_the_library_and_prints_nothing(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """amdsmi 7's wrapper prints a line and fails with KeyError at import without libamd_smi.so."""
-    package = tmp_path / "amdsmi"
-    package.mkdir()
-    (package / "__init__.py").write_text(
-        "print('Unable to find libamd_smi.so library')\n_libraries = {}\n_libraries['libamd_smi.so']\n")
-    monkeypatch.delitem(sys.modules, "amdsmi", raising=False)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    _amdsmi_whose_import_runs(monkeypatch, tmp_path, "print('Unable to find libamd_smi.so library')\n"
+                                                     "_libraries = {}\n_libraries['libamd_smi.so']\n")
     result = AmdSmiProbe().probe()
     assert result.verdict.reason.startswith("libamd_smi.so not found")
     assert capsys.readouterr().out == ""
@@ -284,12 +290,7 @@ def test_the_real_binding_without_rocm_names_the_library_and_prints_nothing(
 
 def test_missing_shared_library(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """amdsmi's wrapper loads libamd_smi.so at import time; without ROCm that fails."""
-    package = tmp_path / "amdsmi"
-    package.mkdir()
-    (package / "__init__.py").write_text(
-        "raise OSError('libamd_smi.so: cannot open shared object file')\n")
-    monkeypatch.delitem(sys.modules, "amdsmi", raising=False)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    _amdsmi_whose_import_runs(monkeypatch, tmp_path, "raise OSError('libamd_smi.so: cannot open shared object file')\n")
     result = AmdSmiProbe().probe()
     assert not result.verdict.available
     assert result.verdict.reason.startswith("libamd_smi.so not found")
