@@ -40,6 +40,7 @@ class RuntimeBook:
     def __init__(self) -> None:
         self._runs: dict[int, deque[float]] = {}
         self._host_runs: deque[float] = deque(maxlen=_HOST_HISTORY)
+        self._host_median = 0.0  # of _host_runs, worked out as a run is added, not at every plan
         # lease id -> its planned run, fixed when it is first planned (at its grant): a
         # lease's plan does not shrink because its user's next job was short.
         self._planned: dict[str, float] = {}
@@ -52,6 +53,7 @@ class RuntimeBook:
             run_s = max(0.0, lease.ended_at - lease.granted_at)
             self._runs.setdefault(lease.holder.uid, deque(maxlen=_HISTORY)).append(run_s)
             self._host_runs.append(run_s)
+            self._host_median = sorted(self._host_runs)[len(self._host_runs) // 2]
 
     def forget(self, lease_id: str) -> None:
         """A lease ended or its grant was undone: its plan goes."""
@@ -68,7 +70,7 @@ class RuntimeBook:
         if runs:
             predicted = sum(runs) / len(runs)
         elif self._host_runs:
-            predicted = sorted(self._host_runs)[len(self._host_runs) // 2]
+            predicted = self._host_median
         else:
             return limit_s
         return min(max(predicted, 1.0), limit_s)
