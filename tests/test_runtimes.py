@@ -103,3 +103,28 @@ def test_a_plan_goes_with_its_lease_whether_it_ends_or_its_grant_is_undone():
     clock.now += HOUR
     m.release(ended.id, ALICE.uid)
     assert book._planned == {}
+
+
+def test_a_user_backfills_on_predictions_with_at_most_two_leases_at_once():
+    """Predictions are not promises: two short jobs teach the queue that a user's jobs are
+    short, then a burst of day-long jobs would all backfill in front of a waiting request.
+    A request that fits a kept window only by its prediction (not by its time limit) may
+    take it while its user holds at most one lease; one that fits by its limit always may."""
+    m, clock = manager(6)
+    _short_history(m, clock, ALICE, run_s=3 * HOUR)
+    _short_history(m, clock, CAROL)  # two half-hour runs
+    granted(m.submit(ALICE, Requirement(2), wait=False, ask=DAY))  # planned 3 h
+    queued(m.submit(BOB, Requirement(5), wait=True, ask=DAY))  # keeps the 4 free ones for 3 h
+    first = granted(m.submit(CAROL, Requirement(1), wait=True, ask=DAY))
+    second = granted(m.submit(CAROL, Requirement(1), wait=True, ask=DAY))
+    third = queued(m.submit(CAROL, Requirement(1), wait=True, ask=DAY))
+    assert third.reason.startswith("backfill window"), third.reason
+    # An honest --time that ends before Bob could start still backfills.
+    granted(m.submit(CAROL, Requirement(1), wait=True, ask=Ask(time_limit_s=HOUR)))
+    # Once she is down to one lease, her waiting request backfills on its prediction again.
+    clock.now += 0.25 * HOUR
+    m.release(first.id, CAROL.uid)
+    assert [g.request.id for g in m.pump()] == []  # still two: second, and the honest one
+    m.release(second.id, CAROL.uid)
+    assert [g.request.id for g in m.pump()] == [third.id]
+    m.check_invariants()

@@ -10,7 +10,9 @@ later request may still take a kept device when it is planned to end before the 
 time (backfill): it is gone by the time the request ahead could start. Plans for whole
 devices come from how long users' leases really run, at most their time limits
 (brokerd/leasing/runtimes.py; a lease past its plan is planned by its limit again);
-shares are planned by their limits. A request without a time limit never backfills, and
+a request that fits a kept window only by its prediction, not by its time limit, may take
+it while its user holds at most one lease (PREDICTED_BACKFILL_HELD); shares are planned by
+their limits. A request without a time limit never backfills, and
 a request whose shadow cannot be known (a lease without a time limit is in the way) keeps
 its devices with no end.
 
@@ -37,6 +39,12 @@ from dataclasses import dataclass, field
 from brokerd.leasing.model import Lease, Request
 
 NEVER = math.inf
+# A prediction is not a promise: two short jobs teach the queue that a user's jobs are short,
+# and a burst of day-long jobs would then all backfill in front of a waiting request. A
+# request that fits a kept window only by its prediction may take it while its user holds
+# fewer leases than this; by its own time limit, always. On 30 simulated lab days it costs
+# 0.3 % of utilisation (0.751 against 0.753); one lease cost 1.5 %.
+PREDICTED_BACKFILL_HELD = 2
 
 
 @dataclass
@@ -180,6 +188,9 @@ class Reservations:
         until = self._until.get(uuid)
         if until is not None and not (until != NEVER and ends <= until):
             return False
+        if until is not None and not self._fits_by_limit(request, until) \
+                and self.count_of(request.holder.uid) >= PREDICTED_BACKFILL_HELD:
+            return False  # it fits only by its prediction, and its user holds enough already
         share_starts = self._mib_until.get(uuid)
         if share_starts is None or (share_starts != NEVER and ends <= share_starts):
             return True
@@ -188,6 +199,11 @@ class Reservations:
         room = self.rooms[uuid]
         then = sum(mib for mib, end in room.shares if end > share_starts)
         return room.memory_mib - then - self._kept_mib[uuid] >= request.ask.memory_mib
+
+    def _fits_by_limit(self, request: Request, until: float) -> bool:
+        """Whether the request's time limit itself ends it by `until` (not only its prediction)."""
+        limit = request.ask.time_limit_s
+        return bool(limit) and self.now + limit <= until
 
     @property
     def keeps_nothing(self) -> bool:
