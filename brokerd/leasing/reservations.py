@@ -186,11 +186,11 @@ class Reservations:
         limit = request.ask.time_limit_s if request.ask.memory_mib else self._run_s(request)
         ends = self.now + limit if limit > 0 else NEVER
         until = self._until.get(uuid)
-        if until is not None and not (until != NEVER and ends <= until):
-            return False
-        if until is not None and not self._fits_by_limit(request, until) \
-                and self.count_of(request.holder.uid) >= PREDICTED_BACKFILL_HELD:
-            return False  # it fits only by its prediction, and its user holds enough already
+        if until is not None:
+            if not (until != NEVER and ends <= until):
+                return False
+            if not self._fits_by_limit(request, until) and self.count_of(request.holder.uid) >= PREDICTED_BACKFILL_HELD:
+                return False  # it fits only by its prediction, and its user holds enough already
         share_starts = self._mib_until.get(uuid)
         if share_starts is None or (share_starts != NEVER and ends <= share_starts):
             return True
@@ -224,7 +224,7 @@ class Reservations:
         else:
             self._weights[lease.holder.uid] = self._weights.get(lease.holder.uid, 0.0) + lease.weight
             self._counts[lease.holder.uid] = self._counts.get(lease.holder.uid, 0) + 1
-        end = lease.expires_at or NEVER if lease.share_mib else self._end_of(lease)
+        end = (lease.expires_at or NEVER) if lease.share_mib else self._end_of(lease)
         if self._known is not None:  # else it is read later, with this lease in it
             for uuid in lease.devices:
                 self._known[uuid] = max(self._known.get(uuid, self.now), end) if lease.share_mib else end
