@@ -11,9 +11,11 @@ Every job holds its devices from its grant for its hold (bench/lab/plan.py: its 
 cut at its time limit) and gives them back; the manager runs with the bench's settings
 (fair_half_life 24 h, aging 4 h, time_default 24 h, the policy's cap). Lending's call-backs
 need a job that checkpoints, which this loop does not model: the cap is simulated without
-lend_idle. A seed replayed here gives the figures bench.lab's vaccel system gives for it
-to within a few thousandths (seed 1: utilisation 0.680, idle-while-waiting 14.4 against
-14.5 device-hours, Jain 0.847 on the same commit). `--baseline TREE` runs the same seeds
+lend_idle. A seed replayed here mostly gives the figures bench.lab's vaccel system gives
+for it to within a few thousandths (seed 1: utilisation 0.680, idle-while-waiting 14.4
+against 14.5 device-hours, Jain 0.847 on the same commit), not always: where a real grant
+lands a moment differently the day can take another branch (seed 2 gave 0.653 for real
+against 0.714 here). `--baseline TREE` runs the same seeds
 with TREE's lease manager in the same run, for ratios taken within one run.
 """
 
