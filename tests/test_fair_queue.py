@@ -90,6 +90,32 @@ def test_aging_bounds_the_wait_of_a_heavy_user_behind_a_stream_of_newcomers():
     m.check_invariants()
 
 
+def test_each_hour_waited_earns_back_one_device_hour_of_recent_use():
+    """The fair order weighs waiting against use, as Slurm's age factor does against fair
+    share, not as a tier: a request that has waited longer than its user's recent use (in
+    device-hours) goes ahead of a newcomer with no use, hours before `aging` would put it
+    first; until then the newcomer goes first."""
+    m, clock = manager(1)
+    assert m.aging_s == 24 * HOUR  # the bound is a backstop now; the credit does the work
+    before = granted(m.submit(ALICE, Requirement(1), wait=False))
+    clock.now += 3 * HOUR
+    m.release(before.id, ALICE.uid)  # about 2.9 device-hours of recent use
+    current = granted(m.submit(CAROL, Requirement(1), wait=False))
+    alice = queued(m.submit(ALICE, Requirement(1), wait=True))
+    clock.now += 2 * HOUR
+    early = Holder(3001, 3001, 901, 1, "early")
+    newcomer = queued(m.submit(early, Requirement(1), wait=True))
+    assert [r.id for r in m.queue] == [newcomer.id, alice.id], "2 h waited do not outweigh 2.9 device-hours"
+    m.cancel(newcomer.id)
+    clock.now += 1.5 * HOUR
+    late = Holder(3002, 3002, 902, 1, "late")
+    newcomer = queued(m.submit(late, Requirement(1), wait=True))
+    assert [r.id for r in m.queue] == [alice.id, newcomer.id], "3.5 h waited outweigh 2.9 device-hours"
+    m.release(current.id, CAROL.uid)
+    assert [g.request.id for g in m.pump()] == [alice.id]
+    m.check_invariants()
+
+
 def _two_gpus_one_busy_until(m, clock, until_s: float) -> Lease:
     busy = granted(m.submit(CAROL, Requirement(1), wait=False, ask=Ask(time_limit_s=until_s)))
     return busy
@@ -366,11 +392,14 @@ def test_the_fair_order_looks_at_the_running_leases_once_not_once_per_waiting_us
     assert len(readers) <= 2 * len(m.leases)
 
 
-def test_a_pump_keeps_the_order_it_found_while_nothing_it_rests_on_has_changed(monkeypatch):
-    # The fair order rests on arrival times (fixed), on which requests are old enough to
-    # go first, and on how the waiting users' recent use compares. A pump after a release
-    # re-sorted the whole queue anyway: ~0.9 ms of the daemon's CPU per grant at 500
-    # waiting, the largest step left between a release and the next grant.
+def test_a_pump_sorts_the_order_it_found_again_in_one_pass(monkeypatch):
+    # The fair order rests on the waiting users' recent use and on how long each request
+    # has waited (queue_rules.WAIT_CREDIT), so it moves with the clock and every pump
+    # sorts the queue again. It sorts the order the last pump left, which is nearly in
+    # order still: each request's key is worked out once (its arrival read once) and the
+    # sort runs through the queue about once. Measured at 500 waiting behind a release
+    # (notes of issue 45): 0.32 ms per release and grant, against 0.25 ms when the order
+    # rested on use alone and a pump could keep it without looking.
     m, clock = manager(1)
     lease, waiting = _fifty_waiting_behind_carol(m, clock)
     clock.now += 5
@@ -379,7 +408,8 @@ def test_a_pump_keeps_the_order_it_found_while_nothing_it_rests_on_has_changed(m
     grants = m.pump()
     monkeypatch.undo()
     assert [g.request.id for g in grants] == [waiting[0].id]
-    assert [r for r in readers if r is not waiting[0]] == []  # the head's, for its lease's wait
+    behind = [r for r in readers if r is not waiting[0]]
+    assert len(behind) <= len(waiting[1:]) and set(map(id, behind)) <= set(map(id, waiting[1:]))
     assert [r.id for r in m.queue] == [r.id for r in m.ordered(list(m.queue))] == [r.id for r in waiting[1:]]
 
 
@@ -487,10 +517,12 @@ def test_an_order_is_sorted_again_when_who_goes_first_by_age_changed(sorted_at, 
     assert reordered is None or [r.id for r in reordered[0]] == expected
 
 
-def test_a_newcomer_finds_its_place_without_a_sort_of_the_queue(monkeypatch):
-    # Each newcomer sorted the whole queue with itself in it (~1 ms of the daemon's CPU at
-    # 500 waiting, on the loop that grants); the queue is in fair order already, so its
-    # place is found by bisection: a few requests looked at, not all of them.
+def test_a_newcomer_finds_its_place_with_each_request_keyed_once(monkeypatch):
+    # The order moves with the clock (each hour waited earns credit, use decays), so a
+    # newcomer's place is found in the queue as it stands now: the last order, nearly
+    # sorted still, sorted again in one pass (each request's key worked out once, its
+    # arrival read once), then the newcomer placed by bisection. 0.15 ms at 500 waiting,
+    # measured; when the order rested on use alone it was 0.12 ms, without the pass.
     m, clock = manager(1)
 
     def ticking() -> float:  # every look at the clock finds it moved on, as time.time() does
@@ -507,7 +539,7 @@ def test_a_newcomer_finds_its_place_without_a_sort_of_the_queue(monkeypatch):
     readers = _reads_of(monkeypatch, Request, "since")
     newcomer = queued(m.submit(ALICE, Requirement(1), wait=True))
     monkeypatch.undo()
-    assert len(readers) <= 16  # bisection over 64: ~7 looks; a sort: 65 and more
+    assert len(readers) <= len(before) + 16  # a key each, ~7 looks to bisect, the newcomer's own
     assert [r.id for r in m.queue if r is not newcomer] == before
     assert [r.id for r in m.queue] == [r.id for r in m.ordered(list(m.queue))]
 

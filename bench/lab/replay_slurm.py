@@ -11,8 +11,10 @@ Slurm as a lab would set it, with its clocks scaled to the replay (`settings`):
   share through slurmdbd on a MariaDB the replay starts (bench/testbeds/slurm_accounting.py),
   one association per lab user with equal shares, each job submitted under its user's own
   uid (a Unix account `vlab-NAME` per lab user, made when missing), PriorityDecayHalfLife
-  and PriorityMaxAge at vaccel's fair_half_life (24 h) and aging (4 h) scaled to the replay
-  (whole real minutes, at least 1), PriorityCalcPeriod at its 1-minute minimum (the
+  at vaccel's fair_half_life (24 h) and PriorityMaxAge at 4 h (the age factor, a tenth of
+  fair share's weight, is full after 4 h, as in every comparison of record; vaccel weighs
+  each hour waited against its user's use instead), both scaled to the replay (whole real
+  minutes, at least 1), PriorityCalcPeriod at its 1-minute minimum (the
   coarsest clock left: at 180x, fair share is recomputed every 3 lab hours). With
   "-policy", a QOS caps each user's GPUs at vaccel-policy's max_devices;
 - "slurm": priority/basic, first come, first served plus backfill, all jobs as root;
@@ -40,8 +42,8 @@ from bench.lab.plan import DEFAULT_LIMIT_S, MAX_LIMIT_S, Compression, Step
 from bench.lab.replay_vaccel import START_MARGIN_S, ReplayError
 from bench.lab.trace import HOUR
 
-FAIR_HALF_LIFE_S = 24 * HOUR  # vaccel's fair_half_life and aging, as the replay gives them
-AGING_S = 4 * HOUR
+FAIR_HALF_LIFE_S = 24 * HOUR  # vaccel's fair_half_life, as the replay gives it
+MAX_AGE_S = 4 * HOUR  # Slurm's PriorityMaxAge, as every comparison of record ran it
 
 JOB_SCRIPT = """#!/bin/bash
 echo "start $EPOCHREALTIME" > "$1"
@@ -102,7 +104,7 @@ def _accounting(steps: list[Step], compression: Compression, devices: int,
     prefix = {user: as_user_argv(uids[name], pwd.getpwnam(name).pw_gid, []) for user, name in names.items()}
     cap = max(max(s.job.gpus for s in steps), devices // 2) if system.endswith("-policy") else 0
     accounting = Accounting(list(names.values()), half_life_min=compression.minutes(FAIR_HALF_LIFE_S),
-                            max_age_min=compression.minutes(AGING_S), user_gpus=cap)
+                            max_age_min=compression.minutes(MAX_AGE_S), user_gpus=cap)
     return accounting, prefix
 
 

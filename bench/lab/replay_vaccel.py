@@ -7,7 +7,7 @@ a lease, holding it, giving it back. The drivers run from a world-readable copy 
 the checkout may sit where other users cannot read.
 
 The broker runs with its defaults, each lab duration among them divided by the speed:
-`time_default` (24 h), `time_max` (7 d), `fair_half_life` (24 h), `aging` (4 h). The
+`time_default` (24 h), `time_max` (7 d), `fair_half_life` (24 h), `aging` (24 h). The
 "vaccel-policy" system adds what docs/policy.md advises a lab to set: `max_devices` at half
 the machine per user (or the largest job's GPUs, if more) with `lend_idle`, and every job
 gives `--time` (bench/lab/plan.py); "vaccel-policy-nolend" is the cap without lending.
@@ -60,7 +60,7 @@ def broker_config(system: str, compression: Compression, devices: int, largest: 
     def real(lab_s: float) -> str:
         return f'"{compression.real(lab_s):.3f}s"'
 
-    lines = ["[policy]", f"fair_half_life = {real(24 * HOUR)}", f"aging = {real(4 * HOUR)}",
+    lines = ["[policy]", f"fair_half_life = {real(24 * HOUR)}", f"aging = {real(24 * HOUR)}",
              "[policy.default]", f"time_default = {real(compression.limit(DEFAULT_LIMIT_S))}",
              f"time_max = {real(compression.limit(MAX_LIMIT_S))}"]
     if system.startswith("vaccel-policy"):

@@ -9,7 +9,7 @@ ten minutes a system. For tuning the queue's rules; the replay of record stays b
 
 Every job holds its devices from its grant for its hold (bench/lab/plan.py: its duration,
 cut at its time limit) and gives them back; the manager runs with the bench's settings
-(fair_half_life 24 h, aging 4 h, time_default 24 h, the policy's cap). Lending's call-backs
+(fair_half_life 24 h, aging 24 h, time_default 24 h, the policy's cap). Lending's call-backs
 need a job that checkpoints, which this loop does not model: the cap is simulated without
 lend_idle. A seed replayed here mostly gives the figures bench.lab's vaccel system gives
 for it to within a few thousandths (seed 1: utilisation 0.680, idle-while-waiting 14.4
@@ -66,7 +66,7 @@ def simulate(seed: int, system: str, devices: int = 8, speed: float = 180.0, hou
     counter = itertools.count()
     manager = LeaseManager([_device(i) for i in range(devices)], clock=clock, ttl_s=float("inf"),
                            new_id=lambda prefix: f"{prefix}{next(counter)}")
-    manager.usage.half_life_s, manager.aging_s = 24 * HOUR, 4 * HOUR
+    manager.usage.half_life_s, manager.aging_s = 24 * HOUR, 24 * HOUR
     cap = max(max(j.gpus for j in jobs), devices // 2) if "-policy" in system else 0
     default_limit = compression.limit(plan.DEFAULT_LIMIT_S)
     uids = {user: 61001 + i for i, user in enumerate(sorted({j.user for j in jobs}))}

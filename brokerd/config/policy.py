@@ -82,7 +82,7 @@ class PolicyConfig:
     default: Limits = DEFAULT_LIMITS
     groups: tuple[tuple[str, Limits], ...] = ()  # in the file's order
     fair_half_life_s: float = _DAY
-    aging_s: float = 4 * 3600.0
+    aging_s: float = _DAY  # the wait bound; the fair order weighs shorter waits (leasing/queue_rules.py)
     idle_reclaim_s: float = 0.0  # 0 = off
     idle_warning_s: float = 300.0  # notice given before an idle lease is reclaimed
     lend_idle: bool = False  # a request over its limits may borrow devices no request within them can use

@@ -30,7 +30,7 @@ class LeaseQueue:
         self.runtimes = RuntimeBook()  # how long users' leases really run: the queue plans with it
         self._clock = clock
         self.requests: list[Request] = []
-        self.aging_s = 4 * 3600.0  # a request this old goes ahead of all younger ones
+        self.aging_s = 24 * 3600.0  # a request this old goes ahead of all younger ones
         # Whether a queued request may carry a "backfill window" reason, which the next pump
         # must replace if no free device is left. Reasons are told only by the manager's
         # submit() and pump(): each sets it when it tells one, and the pump clears it once

@@ -1,18 +1,22 @@
 """The queue's order and the reasons a request waits, for the lease manager.
 
-Order (the fair queue): a request that has waited `aging_s` or longer goes ahead of every
-younger one, oldest first; among the younger ones the user with the least recent use
-(brokerd/leasing/fairshare.py) goes first, ties by arrival. The bound this gives: once a request
-has waited `aging_s`, only requests that arrived before it can be served ahead of it, so a
-stream of newcomers can hold it back for at most `aging_s` (plus the time the requests
-older than it take), never for ever.
+Order (the fair queue): each waiting request stands at its user's recent use
+(brokerd/leasing/fairshare.py, device-hours) less what its wait has earned back,
+WAIT_CREDIT device-hours per hour waited; the least goes first, ties by arrival. Waiting
+is weighed against use, as Slurm's age factor is against fair share, so a light user's
+newcomer goes ahead of a heavy user's request only until that request has waited about as
+many hours as its user used device-hours lately. A request that has waited `aging_s` or
+longer goes ahead of every younger one, oldest first, whatever its user used: the bound
+this gives is that once a request has waited `aging_s`, only requests that arrived before
+it can be served ahead of it, so a stream of newcomers can hold it back for at most
+`aging_s` (plus the time the requests older than it take), never for ever.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -24,7 +28,15 @@ from vaccel_common.units import format_duration
 
 BACKFILL = "backfill window"  # how a wait_reason() that names a backfill window starts
 _SLACK = 1e-9  # shares add up in floating point: four quarters make one device
+_HOUR = 3600.0
 
+# Device-hours of recent use one hour of waiting earns back in the fair order. With the
+# aging bound as the only weight (a 4 h tier, no credit) a busy day's queue turned first
+# come, first served after 4 h and light users waited behind it; with one device-hour per
+# hour and the bound at 24 h, 30 simulated lab days (bench.lab.simulate) give Jain 0.840
+# against 0.810 at 0.750 utilisation against 0.751 (idle-while-waiting 5.8 against 5.1
+# device-hours); half or twice the credit did no better (docs/performance.md).
+WAIT_CREDIT = 1.0
 
 # A request this close to turning old enough to go first is sorted again rather than
 # trusted to the basis below (its age is computed as now - since, the basis adds).
@@ -39,118 +51,71 @@ def _aged(request: Request, at: float, aging_s: float) -> bool:
 def _order_key(request: Request, now: float, aging_s: float,
                use: Callable[[int], float]) -> tuple[int, float, float]:
     """Where a request stands in the fair order: the aged first by arrival, then the rest
-    by their user's recent use, then by arrival."""
-    if _aged(request, now, aging_s):
-        return (0, request.since, request.since)
-    return (1, use(request.holder.uid), request.since)
+    by their user's recent use less their wait's credit, then by arrival."""
+    since = request.since
+    if aging_s > 0 and now - since >= aging_s:  # _aged(), with `since` read once: a pump keys every request
+        return (0, since, since)
+    return (1, use(request.holder.uid) - WAIT_CREDIT * (now - since) / _HOUR, since)
 
 
-def _ranking(use: dict[int, float]) -> tuple[tuple[int, ...], ...]:
-    """The users by recent use, least first; users whose use is equal side by side in
-    one group (their requests then go by arrival)."""
-    groups: list[list[int]] = []
-    last = 0.0
-    for value, uid in sorted((value, uid) for uid, value in use.items()):
-        if groups and value == last:
-            groups[-1].append(uid)
-        else:
-            groups.append([uid])
-        last = value
-    return tuple(tuple(group) for group in groups)
-
-
-@dataclass(frozen=True)
-class OrderBasis:
-    """What a fair order was sorted on, besides arrival times (they never change).
-
-    The order is the requests old enough to go first, by arrival, then one block per
-    group of users in `ranking`, each block by arrival. While no request grows old and
-    the rules stay, the same requests (or any of them) are in fair order again once their
-    blocks follow the users' ranking now: the blocks are found by bisection and moved as
-    they are, so a pump looks at a few requests instead of sorting them all (~0.9 ms of
-    the daemon's CPU at 500 waiting, on the way from a release to the next grant)."""
-
-    sorted_at: float
-    aging_s: float
-    ages_at: float  # the soonest a request that was not old enough to go first becomes so
-    ranking: tuple[tuple[int, ...], ...]  # the users of those requests, as _ranking() groups them
-
-    def _ages_alike(self, now: float, aging_s: float) -> bool:
-        """Whether the requests old enough to go first are the same now: not when the rules
-        changed, the clock went back, or a request grew old."""
-        return aging_s == self.aging_s and self.sorted_at <= now < self.ages_at
-
-    def _use(self, recent: Callable[[int], float]) -> dict[int, float]:
-        """The recent use now of the users this basis ranks."""
-        return {uid: recent(uid) for group in self.ranking for uid in group}
-
-    def reorder(self, queue: list[Request], now: float, aging_s: float,
-                recent: Callable[[int], float]) -> tuple[list[Request], OrderBasis] | None:
-        """`queue` (in the order this basis describes, or any part of it) in fair order
-        now, and that order's basis; None when only sorting it again can tell."""
-        if not self._ages_alike(now, aging_s):
-            return None
-        ranking = _ranking(self._use(recent))
-        if ranking == self.ranking:
-            return list(queue), self
-        place = {group: at for at, group in enumerate(self.ranking)}
-        if any(group not in place for group in ranking):
-            return None  # users whose use was equal differ now, or the other way round
-        # The old order's blocks, in its order: where each group's block ends.
-        aged = bisect_left(queue, 1, key=lambda r: 0 if _aged(r, self.sorted_at, aging_s) else 1)
-        group_of = {uid: at for at, group in enumerate(self.ranking) for uid in group}
-        try:
-            ends = [bisect_right(queue, at, lo=aged, key=lambda r: group_of[r.holder.uid])
-                    for at in range(len(self.ranking))]
-        except KeyError:  # a user the sort never saw: not the queue it sorted after all
-            return None
-        starts = [aged, *ends[:-1]]
-        order = queue[:aged]
-        for group in ranking:
-            at = place[group]
-            order += queue[starts[at]:ends[at]]
-        return order, OrderBasis(now, aging_s, self.ages_at, ranking)
-
-    def with_newcomer(self, order: list[Request], request: Request, now: float, aging_s: float,
-                      recent: Callable[[int], float]) -> tuple[list[Request], OrderBasis] | None:
-        """`order` (in fair order now, as this basis says) with the newcomer `request` in
-        its place, found by bisection, and that order's basis; None when only sorting can
-        tell. The place is the one a full sort of `order + [request]` gives."""
-        if not self._ages_alike(now, aging_s):
-            return None
-        use = self._use(recent)
-        use[request.holder.uid] = recent(request.holder.uid)
-
-        def key(r: Request) -> tuple[int, float, float]:
-            return _order_key(r, now, aging_s, use.__getitem__)  # KeyError: a user not ranked
-
-        try:
-            at = bisect_right(order, key(request), key=key)
-        except KeyError:  # a user the sort never saw: not the order it sorted after all
-            return None
-        ages_at = min(self.ages_at, request.since + aging_s - _AGING_MARGIN_S) if aging_s > 0 else self.ages_at
-        return [*order[:at], request, *order[at:]], OrderBasis(now, aging_s, ages_at, _ranking(use))
-
-
-def fair_order_and_basis(queue: list[Request], now: float, aging_s: float,
-                         recent: Callable[[int], float]) -> tuple[list[Request], OrderBasis]:
+def _keyed(now: float, aging_s: float, recent: Callable[[int], float]) -> Callable[[Request], tuple[int, float, float]]:
+    """The order key at `now`, each user's use asked once however many requests they have."""
     used: dict[int, float] = {}
-    ages_at = math.inf
 
     def use(uid: int) -> float:
         if uid not in used:
             used[uid] = recent(uid)
         return used[uid]
 
-    def key(request: Request) -> tuple[int, float, float]:
-        nonlocal ages_at
-        position = _order_key(request, now, aging_s, use)
-        if position[0] and aging_s > 0:
-            ages_at = min(ages_at, request.since + aging_s - _AGING_MARGIN_S)
-        return position
+    return lambda request: _order_key(request, now, aging_s, use)
 
-    order = sorted(queue, key=key)
-    return order, OrderBasis(now, aging_s, ages_at, _ranking(used))
+
+@dataclass(frozen=True)
+class OrderBasis:
+    """When a fair order was sorted, and until when no request in it grows old enough to
+    go first. Use and the wait's credit move every key as time passes, so an order is
+    sorted again at each pump; but the queue the last pump left is nearly in order still,
+    and sorting it again runs through it about once (Python's sort finds the runs), so it
+    is sorted from that order, never from arrival."""
+
+    sorted_at: float
+    aging_s: float
+    ages_at: float  # the soonest a request that was not old enough to go first becomes so
+
+    def _ages_alike(self, now: float, aging_s: float) -> bool:
+        """Whether the requests old enough to go first are the same now: not when the rules
+        changed, the clock went back, or a request grew old."""
+        return aging_s == self.aging_s and self.sorted_at <= now < self.ages_at
+
+    def reorder(self, queue: list[Request], now: float, aging_s: float,
+                recent: Callable[[int], float]) -> tuple[list[Request], OrderBasis] | None:
+        """`queue` (in the order this basis describes, or any part of it) in fair order
+        now, and that order's basis; None when only sorting it afresh can tell."""
+        if not self._ages_alike(now, aging_s):
+            return None
+        return sorted(queue, key=_keyed(now, aging_s, recent)), OrderBasis(now, aging_s, self.ages_at)
+
+    def with_newcomer(self, order: list[Request], request: Request, now: float, aging_s: float,
+                      recent: Callable[[int], float]) -> tuple[list[Request], OrderBasis] | None:
+        """`order` (in fair order now, as reorder() left it) with the newcomer `request` in
+        its place, found by bisection, and that order's basis; None when only sorting can
+        tell. The place is the one a full sort of `order + [request]` gives."""
+        if not self._ages_alike(now, aging_s):
+            return None
+        key = _keyed(now, aging_s, recent)
+        at = bisect_right(order, key(request), key=key)
+        ages_at = min(self.ages_at, request.since + aging_s - _AGING_MARGIN_S) if aging_s > 0 else self.ages_at
+        return [*order[:at], request, *order[at:]], OrderBasis(now, aging_s, ages_at)
+
+
+def fair_order_and_basis(queue: list[Request], now: float, aging_s: float,
+                         recent: Callable[[int], float]) -> tuple[list[Request], OrderBasis]:
+    key = _keyed(now, aging_s, recent)
+    ages_at = math.inf
+    if aging_s > 0:
+        ages_at = min((r.since + aging_s - _AGING_MARGIN_S for r in queue if not _aged(r, now, aging_s)),
+                      default=math.inf)
+    return sorted(queue, key=key), OrderBasis(now, aging_s, ages_at)
 
 
 def fair_order(queue: list[Request], now: float, aging_s: float, recent: Callable[[int], float]) -> list[Request]:
