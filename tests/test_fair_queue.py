@@ -116,6 +116,34 @@ def test_each_hour_waited_earns_back_one_device_hour_of_recent_use():
     m.check_invariants()
 
 
+def test_requests_queued_early_hold_a_newcomer_back_only_for_the_head_start_they_waited():
+    """A hostile user queues many requests long before she needs them, to bank the wait's
+    credit. Each request has its own credit, but while she holds the device her use grows
+    as fast as her waiting requests' credit: her requests keep the lead they had when the
+    newcomer came (6 h here, a little more as her use fades), and the newcomer's own wait
+    overtakes it: he waits 7 h, behind 7 of her 20. On the 4 h aging tier that came before
+    the credit, all of hers had aged first and he waited behind every one of them (20 h)."""
+    m, clock = manager(1)
+    mallory = Holder(6001, 6001, 950, 1, "mallory")
+    current = granted(m.submit(CAROL, Requirement(1), wait=False))
+    banked = [queued(m.submit(mallory, Requirement(1), wait=True)) for _ in range(20)]
+    clock.now += 6 * HOUR
+    bob = queued(m.submit(BOB, Requirement(1), wait=True))
+    served: list[str] = []
+    while bob.id not in served:
+        m.release(current.id, current.holder.uid)
+        grants = m.pump()
+        assert len(grants) == 1
+        current = grants[0].lease
+        served.append(grants[0].request.id)
+        clock.now += HOUR
+    waited = clock.now - HOUR - bob.since
+    assert served[0] == banked[0].id  # the banked wait counts: she goes first
+    assert 6 * HOUR < waited <= 8 * HOUR, waited / HOUR  # then only for her 6 h head start
+    assert len(served) < len(banked)  # not behind all of her requests
+    m.check_invariants()
+
+
 def _two_gpus_one_busy_until(m, clock, until_s: float) -> Lease:
     busy = granted(m.submit(CAROL, Requirement(1), wait=False, ask=Ask(time_limit_s=until_s)))
     return busy
