@@ -140,6 +140,8 @@ def test_a_broker_that_said_wait_then_restarts_is_waited_for_as_a_restart(monkey
     class Restarting:
         """Says "wait" once, then is away for 1 s, then grants on the stream."""
 
+        tokens_taken = 0  # no identity socket here: only the "wait" tells it met the broker
+
         def __init__(self) -> None:
             self.back_at = 0.0
 

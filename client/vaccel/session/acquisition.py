@@ -81,6 +81,7 @@ class Acquisition:
         self._answered = False  # the broker answered since the last failure
         self._met = False  # the broker has answered or accepted us: its absence is a restart
         self._tried_now = False  # the unary fast path was asked (once: a waiter streams)
+        self._tokens_before = connection.tokens_taken  # see _run
 
     def cancel(self) -> None:
         """Leave the queue; a grant that races the cancel is handed back by the broker."""
@@ -117,6 +118,11 @@ class Acquisition:
                 if isinstance(exc, BrokerUnavailable) and not exc.transient:
                     raise LeaseError(str(exc), "unavailable") from None
                 now = time.monotonic()
+                # A broker that answered on its identity socket since we first asked (a
+                # token, even if the call then failed) exists: one restarted again and again
+                # may listen for under a second at a time, and each of our tries can land in
+                # a window it is killed in.
+                self._met = self._met or self.connection.tokens_taken > self._tokens_before
                 if failing_since is None or self._answered:
                     failing_since, delay, self._answered = now, _BACKOFF_S[0], False
                 bound = RECONNECT_S if self._queued or self._met else START_RETRY_S

@@ -121,6 +121,10 @@ class BrokerConnection:
         self._token = ""
         self._token_expires = 0.0
         self._token_pid = -1
+        # Tokens the broker's identity socket has given this connection: one given while a
+        # request was asked for says a broker exists at this path, so its absence afterwards
+        # is a restart (vaccel/session/acquisition.py).
+        self.tokens_taken = 0
 
     # -- identity ----------------------------------------------------------------------
 
@@ -156,6 +160,7 @@ class BrokerConnection:
             reply = json.loads(data)
             self._token, self._token_expires = reply["token"], float(reply["expires"])
             self._token_pid = os.getpid()
+            self.tokens_taken += 1
         except (ValueError, KeyError, TypeError):
             why = reply.get("error", "bad identity reply") if isinstance(reply, dict) else "bad identity reply"
             raise _unreachable(self.path, why) from None
