@@ -5,7 +5,8 @@ wait then opens the Acquire stream, which carries its queue updates.
 
 The request carries a key this client chose, so the broker can match a later ask to it.
 If the broker is down when we first ask, we retry for a few seconds (START_RETRY_S, never
-past our own wait) and say so. If the stream breaks while we wait in the queue (the
+past our own wait) and say so; once it has answered at all (a token on its identity socket
+is enough), its absence is a restart, as below. If the stream breaks while we wait in the queue (the
 broker restarted), or the broker goes away after it answered or accepted us at all (the
 fast path said "wait", and the restart came before the stream's first place), we reconnect with
 backoff for as long as a restart may take (RECONNECT_S) and ask again under the same key: the
