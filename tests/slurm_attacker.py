@@ -47,7 +47,9 @@ def our_salloc(timeout: float = WAIT_S) -> tuple[int, list[str]]:
                 argv = open(f"/proc/{entry}/cmdline", "rb").read().decode().split("\0")
             except OSError:
                 continue
-            if argv and "--immediate=1" not in argv:
+            # A salloc that exited and is not yet reaped (the refused --immediate one) still
+            # has its name, but an empty command line: passed over like the living --immediate.
+            if _comment(argv) and "--immediate=1" not in argv:
                 return int(entry), argv
         time.sleep(0.01)
     raise SystemExit("no waiting salloc of ours appeared")
@@ -90,9 +92,13 @@ def forge_grant(victim_job: str) -> None:
     say(forged=victim_job, read=read)
 
 
+def _comment(argv: list[str]) -> str:
+    return next((a.split("=", 1)[1] for a in argv if a.startswith("--comment=")), "")
+
+
 def mark() -> None:
     pid, argv = our_salloc()
-    say(pid=pid, comment=next((a.split("=", 1)[1] for a in argv if a.startswith("--comment=")), ""))
+    say(pid=pid, comment=_comment(argv))
 
 
 if __name__ == "__main__":
