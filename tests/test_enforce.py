@@ -221,8 +221,10 @@ KEEPER = textwrap.dedent("""\
     node, marker = sys.argv[1], sys.argv[2]
     fd = os.open(node, os.O_RDWR)
     def term(signum, frame):
-        with open(marker, "w") as f:
+        # Written aside and renamed, so the marker never exists empty (the test reads it once it exists).
+        with open(marker + ".part", "w") as f:
             f.write("SIGTERM")
+        os.rename(marker + ".part", marker)
         os._exit(0)
     signal.signal(signal.SIGTERM, term)
     print(os.getpid(), flush=True)
