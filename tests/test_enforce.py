@@ -415,8 +415,10 @@ def test_a_process_that_opened_a_node_before_enforcement_is_reported_and_stopped
         import os, signal, sys, time
         fd = os.open({node!r}, os.O_RDWR)
         os.setgid({users[BOB]}); os.setuid({users[BOB]})
-        def term(signum, frame):
-            open({str(marker)!r}, "w").write("SIGTERM")
+        def term(signum, frame):  # written aside and renamed: the marker never exists empty
+            with open({str(marker) + ".part"!r}, "w") as f:
+                f.write("SIGTERM")
+            os.rename({str(marker) + ".part"!r}, {str(marker)!r})
             os._exit(0)
         signal.signal(signal.SIGTERM, term)
         print(os.getuid(), flush=True)
