@@ -70,6 +70,23 @@ def test_the_container_is_named_to_the_broker_without_grpc(host: Broker, docker_
     assert run.returncode == 137  # the container's status (killed)
 
 
+# What a short container's quick run imports none of (python -X importtime of the run):
+# grpc and protobuf (the grant is read from its bytes), typing (~7 ms: the records are
+# vaccel_common/record.py's), csv and re (~7 ms: only a --mount or a path with a comma needs them).
+NOT_ON_THE_QUICK_PATH = ("grpc", "google.protobuf", "typing", "csv", "re", "vaccel_common.units")
+
+
+def test_a_short_containers_quick_run_imports_none_of_the_slow_modules(host: Broker, docker_engine: DockerEngine):
+    command = [sys.executable, "-X", "importtime", "-m", "vaccel.entry", "run", "-q", "--",
+               *docker_run(docker_engine, IMAGE, "true")]
+    r = subprocess.run(command, env={**host.env, "DOCKER_HOST": docker_engine.host}, stdin=subprocess.DEVNULL,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    modules = imported(r.stderr)
+    assert "vaccel.run.quick_container" in modules and "vaccel.run.runner" not in modules  # the container ended quickly
+    assert [m for m in NOT_ON_THE_QUICK_PATH if m in modules] == []
+
+
 def engine_client_logging_its_calls(folder: Path) -> tuple[Path, Path]:
     """A `docker` that writes each of its command lines to a log, then is Debian's docker."""
     log, program = folder / "calls.log", folder / "docker"

@@ -16,10 +16,10 @@ What is refused for the lease's sake is container_rules.py's; the rewrite, conta
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
 
 from vaccel.containers import options as opts
 from vaccel.session.lease import LeaseError
+from vaccel_common.record import record
 
 # pflag's spellings of true: `--rm=1`, `--privileged=T`.
 _TRUE = frozenset({"", "1", "t", "T", "true", "TRUE", "True"})
@@ -34,13 +34,15 @@ class ContainerRefused(LeaseError, ValueError):
         super().__init__(message, "invalid_argument")
 
 
-class _Syntax(NamedTuple):
+@record
+class _Syntax:
     value: frozenset[str]  # long options that take a value
     flags: frozenset[str]  # long options that do not
     short: dict[str, str]  # one letter -> its long option
 
 
-class _Engine(NamedTuple):
+@record
+class _Engine:
     name: str
     global_options: _Syntax
     run_options: _Syntax
@@ -54,7 +56,8 @@ _PODMAN = _Engine("podman", _Syntax(opts.PODMAN_GLOBAL_VALUE, opts.PODMAN_GLOBAL
 ENGINE_PROGRAMS = {"docker": _DOCKER, "podman": _PODMAN, "podman-remote": _PODMAN}
 
 
-class Option(NamedTuple):
+@record
+class Option:
     """One option as given: its long name, its value (None for a flag written without one)
     and how the user spelt it (for messages)."""
 
@@ -68,7 +71,8 @@ class Option(NamedTuple):
         return self.value is None or self.value in _TRUE
 
 
-class ContainerRun(NamedTuple):
+@record
+class ContainerRun:
     """A container engine's `run` command, read. The words are kept as given, so the command
     can be rebuilt with options added and nothing of the user's changed."""
 

@@ -10,7 +10,6 @@ tutorial (`--gpus all`, `--privileged`) that would silently take other people's 
 
 from __future__ import annotations
 
-import csv
 import os
 from collections.abc import Callable, Iterator
 
@@ -142,6 +141,8 @@ def _bind_sources(run: ContainerRun) -> Iterator[tuple[Option, str]]:
 def _mount_fields(value: str) -> list[tuple[str, str]]:
     """(key, value) of each field: the engines read --mount as one CSV line, so a field may be
     quoted (`"source=/dev"`, `"volume-opt=o=bind"`)."""
+    import csv  # only for --mount: the quick path imports no csv (nor its re)
+
     try:
         fields = next(csv.reader([value]), [])
     except csv.Error:

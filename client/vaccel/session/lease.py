@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import math
 import os
-from typing import TYPE_CHECKING, Any, NamedTuple
 
 from vaccel_common.backends import granted_env
-from vaccel_common.units import format_duration
+from vaccel_common.record import record
 
-if TYPE_CHECKING:  # only annotations here: the container modules (its LeaseError) need no protobuf
+# The quick `vaccel run -- docker run ...` imports this module (its LeaseError), so it imports
+# neither typing (TYPE_CHECKING's value is False) nor protobuf, and units (re) only when it says an ending.
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # only annotations here
+    from typing import Any
+
     from vaccel_common.v1 import broker_pb2 as pb
 
 
@@ -41,7 +45,8 @@ def ended_reason(lease_id: str, details: str) -> str:
     return reason[:-1] if state.replace("_", "").isalpha() and reason.endswith(")") else text
 
 
-class DeviceInfo(NamedTuple):
+@record
+class DeviceInfo:
     """One leased device as the broker described it at the grant."""
 
     index: int
@@ -61,7 +66,8 @@ class DeviceInfo(NamedTuple):
                    d.visible_id or d.uuid, tuple(d.device_nodes), d.label or f"gpu{d.index}")
 
 
-class LeaseEnding(NamedTuple):
+@record
+class LeaseEnding:
     """A lease will end soon: its time limit is near, or an admin revoked it with a grace.
     Passed to `on_ending` callbacks (and shown on stderr) so a job can checkpoint."""
 
@@ -71,6 +77,8 @@ class LeaseEnding(NamedTuple):
     reason: str  # "time limit of 2h00m" or the admin's notice
 
     def __str__(self) -> str:
+        from vaccel_common.units import format_duration
+
         left = math.ceil(max(0.0, self.seconds_left))  # "1s" when a little under a second is left
         return f"lease {self.lease_id} ends in {format_duration(left)}: {self.reason}"
 
