@@ -334,3 +334,21 @@ def test_compose_under_vaccel_run_is_refused_in_one_line_saying_what_to_do(comma
                        text=True, timeout=60, env={**os.environ, "VACCEL_SOCKET": str(tmp_path / "none.sock")})
     assert r.returncode == 2, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "vaccel run [lease options] -- docker run" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("fields", [["type=bind", "src=/run/vaccel", "dst=/run/vaccel"],
+                                    ["type=bind", "src=/tmp/a,b", "dst=/tmp/a,b"],
+                                    ["type=bind", 'src=/tmp/say "hi"', "dst=/x"],
+                                    ["src=/tmp/line\nbreak", "dst=/tmp/cr\rx"], ["src=", ""]])
+def test_the_mount_line_is_what_csv_writes(fields: list[str]):
+    """The broker folder's --mount: joined without csv where no field needs quoting (the quick
+    path imports no csv), and each field read back by the engines' CSV reading as written."""
+    import csv
+    import io
+
+    from vaccel.containers.argv import _csv
+
+    out = io.StringIO()
+    csv.writer(out, lineterminator="").writerow(fields)
+    assert _csv(fields) == out.getvalue()
+    assert next(csv.reader(io.StringIO(_csv(fields), newline=""))) == fields
