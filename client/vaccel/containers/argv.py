@@ -191,5 +191,7 @@ def _csv(fields: list[str]) -> str:
     import csv
 
     out = io.StringIO()
-    csv.writer(out, lineterminator="").writerow(fields)
-    return out.getvalue()
+    # The line's own end is cut off, not left out: csv quotes a field with a line break only
+    # when its line terminator has one.
+    csv.writer(out, lineterminator="\r\n").writerow(fields)
+    return out.getvalue().removesuffix("\r\n")
