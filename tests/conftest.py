@@ -21,6 +21,15 @@ from tests.container_engine import docker_engine_fixture  # noqa: F401
 from tests.podman_engine import rootful_podman_fixture, rootless_podman_fixture  # noqa: F401
 
 
+def alive(pid: int) -> bool:
+    """Whether a process runs (neither gone nor a zombie). It may go between any two looks at
+    /proc, so a read that finds it gone says so rather than raising."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 @pytest.fixture
 def start_broker() -> Iterator:
     """A factory: start_broker(inventory=..., config=...) -> Broker; all are stopped afterwards.

@@ -17,7 +17,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.conftest import Broker
+from tests.conftest import Broker, alive
 
 A100_1 = "GPU-6f1a0c2e-0000-0000-0000-000000000001"
 
@@ -149,7 +149,7 @@ def test_sigkill_of_vaccel_run_kills_the_command_and_frees_the_device(start_brok
     freed_after = time.monotonic() - killed_at
     conn.close()
     print(f"\ndevice freed {freed_after:.2f}s after the holder died (heartbeat TTL 1h)")
-    wait_for(lambda: not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2])
+    wait_for(lambda: not alive(child))
 
 
 def test_signals_are_forwarded_to_the_command(broker: Broker, tmp_path: Path):

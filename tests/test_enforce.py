@@ -33,7 +33,7 @@ from brokerd.config.loader import ConfigError, load_config
 from brokerd.devices.model import Device
 from brokerd.devices.nodes import gate_problem, node_id, node_problem, ungated
 from brokerd.devices.probes.simulated import InventoryError, parse_inventory
-from tests.conftest import Broker
+from tests.conftest import Broker, alive
 from tests.test_multiuser import _ensure_user, as_user, staged, status, wait_for  # noqa: F401 - staged: fixture
 
 pytestmark = [
@@ -452,13 +452,6 @@ def test_changing_the_mode_needs_a_restart(gated):
     assert status(broker)["enforcement"] == "acl"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_after_a_kill9_what_an_ended_lease_left_holding_a_node_is_stopped_before_the_device_is_granted(
     gated, users: dict[str, int], staged: Path, nodes: Path  # noqa: F811 - staged: fixture
 ):
@@ -478,7 +471,7 @@ def test_after_a_kill9_what_an_ended_lease_left_holding_a_node_is_stopped_before
         broker.kill9()
         run.kill()  # her lease's holder dies while the daemon is down: the lease ends at the restart
         run.wait(10)
-        assert _alive(keeper)
+        assert alive(keeper)
         broker.start()
         asked = time.monotonic()
         bob = vaccel_as(broker, staged, BOB, "run", "-q", "--", "sh", "-c", "echo granted; sleep 30", popen=True)
@@ -488,7 +481,7 @@ def test_after_a_kill9_what_an_ended_lease_left_holding_a_node_is_stopped_before
         # By the time bob holds the device, alice's keeper has had its SIGTERM and is gone.
         marker = nodes / "markers" / "keeper"
         assert marker.exists() and marker.read_text() == "SIGTERM"
-        assert not _alive(keeper)
+        assert not alive(keeper)
         assert (try_open(ALICE, node), acl.users(node)) == ("EACCES", {users[BOB]})
         log = broker.log.read_text()
         assert f"SIGTERM to {ALICE}'s pid {keeper}" in log and "before this start" in log
@@ -497,7 +490,7 @@ def test_after_a_kill9_what_an_ended_lease_left_holding_a_node_is_stopped_before
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
-        if _alive(keeper):
+        if alive(keeper):
             os.kill(keeper, signal.SIGKILL)
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, Broker
+from tests.conftest import ROOT, Broker, alive
 from tests.test_multiuser import as_user, status, wait_for
 from tests.test_multiuser import staged as staged_packages  # noqa: F401 - a fixture, used by name
 
@@ -262,7 +262,7 @@ def test_a_lease_that_ends_unreleased_leaves_nothing_running(hostile):
         os.kill(holder.pid, signal.SIGSTOP)  # Ctrl-Z'd: hears nothing, stops nothing
         r = broker.vaccel("release", lease_id, "--reason", "maintenance")  # root revokes alice's lease
         assert r.returncode == 0, r.stderr
-        wait_for(lambda: not _alive(child), timeout=20)
+        wait_for(lambda: not alive(child), timeout=20)
         wait_for(lambda: holder.poll() is not None, timeout=20)
         assert f"reap lease={lease_id}" in broker.log.read_text()
     finally:
@@ -277,10 +277,3 @@ def _parent(pid: int) -> int:
         return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
     except (OSError, IndexError, ValueError):
         return -1
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from brokerd.edge.standard_services import STREAMS
-from tests.conftest import ROOT, Broker
+from tests.conftest import ROOT, Broker, alive
 from tests.test_dashboard import free_port
 from tests.test_hostile import THREE_GPUS, rss_mib, stop
 from tests.test_multiuser import as_user, wait_for
@@ -217,13 +217,6 @@ def test_refused_container_attaches_do_not_scan_proc_on_the_loop(bed: Bed):
 # -- item 3: a share's memory is what its user runs on its device, however they fork ---------
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_a_shares_double_forked_setsid_child_is_counted_and_stopped_with_it(staged_packages: Path):  # noqa: F811
     from tests.test_sharing_daemon import CONFIG, GIB, INVENTORY, use
 
@@ -252,14 +245,14 @@ def test_a_shares_double_forked_setsid_child_is_counted_and_stopped_with_it(stag
         err = run.communicate(timeout=60)[1]
         assert "uses 60 GiB of device memory, over its share of 10 GiB" in err, err
         # Its end stops what ran under it on the device, the orphan too.
-        wait_for(lambda: not _alive(orphan), timeout=60)
+        wait_for(lambda: not alive(orphan), timeout=60)
         ended = json.loads(broker.vaccel("leases", "--all", "--ended", "--json").stdout)["leases"]
         assert {x["id"]: x["state"] for x in ended}[lease_id] == "over_budget"
         assert f"pid {orphan}" in broker.log.read_text()
     finally:
         if run is not None and run.poll() is None:
             stop(run)
-        if orphan and _alive(orphan):
+        if orphan and alive(orphan):
             os.kill(orphan, 9)
         broker.stop()
         shutil.rmtree(workdir, ignore_errors=True)

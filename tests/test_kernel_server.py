@@ -7,7 +7,6 @@ and the kernel leases without importing torch."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Broker
+from tests.conftest import Broker, alive
 from tests.jupyter_server import JupyterServer
 from tests.test_multiuser import status, wait_for
 
@@ -166,26 +165,18 @@ def test_a_waiting_kernel_is_listed_deletable_and_leaves_the_queue(broker: Broke
         assert server.api("DELETE", f"/api/kernels/{kernel_id}").status == 204
         assert server.kernel(kernel_id) is None
         wait_for(lambda: not status(broker)["queue"])
-        assert not _alive(waiting["requester"]["pid"])
+        assert not alive(waiting["requester"]["pid"])
 
         # Abandoned: the server dies (kill -9) while a kernel waits; the kernel leaves the queue.
         start_kernel(server)
         (waiting,) = wait_for(lambda: status(broker)["queue"])
         server.kill9()
         wait_for(lambda: not status(broker)["queue"])
-        wait_for(lambda: not _alive(waiting["requester"]["pid"]))
+        wait_for(lambda: not alive(waiting["requester"]["pid"]))
     finally:
         everything.kill()
         everything.wait()
     assert not leases(broker)  # nobody took the devices when they freed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
 
 
 def test_vaccel_works_in_a_cell_when_the_servers_venv_is_not_on_path(broker: Broker, server_for):

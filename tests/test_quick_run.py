@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Broker
+from tests.conftest import Broker, alive
 from tests.test_multiuser import as_user, root_broker, staged, wait_for  # noqa: F401 - fixtures, used by name
 
 ENTRY = [sys.executable, "-m", "vaccel.entry"]
@@ -113,8 +113,7 @@ def test_a_killed_quick_run_frees_its_gpu_and_takes_its_command_along(broker: Br
     command_pid = int(run.stdout.readline())
     run.kill()  # at once: most likely still on the quick path
     run.wait(10)
-    wait_for(lambda: not Path(f"/proc/{command_pid}").exists() or
-             Path(f"/proc/{command_pid}/stat").read_text().split()[2] == "Z")
+    wait_for(lambda: not alive(command_pid))
     wait_for(lambda: "leased" not in broker.vaccel("status").stdout)
 
 
