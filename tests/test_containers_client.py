@@ -353,3 +353,16 @@ def test_the_mount_line_is_what_csv_writes(fields: list[str]):
     csv.writer(out).writerow(fields)
     assert _csv(fields) == out.getvalue().removesuffix("\r\n")
     assert next(csv.reader(io.StringIO(_csv(fields), newline=""))) == fields
+
+
+@pytest.mark.parametrize("path, gpu", [("/dev/nvidia0", True), ("/dev/nvidia-caps/nvidia-cap1", True),
+                                       ("/dev/dri", True), ("/dev/dri/renderD128", True), ("/dev/kfd", True),
+                                       ("/dev/null", False), ("/dev/../dev/nvidiactl", True), ("/tmp/nvidia0", False),
+                                       ("/home/alice/data", False)])
+def test_gpu_nodes_are_told_by_name_under_dev_only(path: str, gpu: bool):
+    """is_gpu_node reads a name with fnmatch only under /dev, where every glob is (a volume
+    elsewhere costs the quick path no re): a glob added elsewhere would be missed there."""
+    from vaccel_common.backends import GPU_NODE_GLOBS, is_gpu_node
+
+    assert all(glob.startswith("/dev/") for glob in GPU_NODE_GLOBS)
+    assert is_gpu_node(path) == gpu
