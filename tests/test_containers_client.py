@@ -5,6 +5,8 @@ options that apply a lease (containers/argv.py). tests/test_containers_run.py ru
 
 from __future__ import annotations
 
+import csv
+import io
 import os
 import stat
 import subprocess
@@ -18,8 +20,10 @@ from hypothesis import strategies as st
 from vaccel.cli import full as cli
 from vaccel.containers import options as container_options
 from vaccel.containers import rules as container_rules
-from vaccel.containers.argv import ContainerLease, LeasedDevice, apply, container_env
+from vaccel.containers.argv import ContainerLease, LeasedDevice, _csv, apply, container_env
 from vaccel.containers.engine_command import ENGINE_PROGRAMS, ContainerRefused, ContainerRun, recognise
+
+from vaccel_common.backends import GPU_NODE_GLOBS, is_gpu_node
 
 
 def run_of(*argv: str) -> ContainerRun:
@@ -344,11 +348,6 @@ def test_the_mount_line_is_what_csv_writes(fields: list[str]):
     """The broker folder's --mount: joined without csv where no field needs quoting (the quick
     path imports no csv), and each field read back by CSV reading as written (a line break
     too: it was left unquoted while the line was written without an end)."""
-    import csv
-    import io
-
-    from vaccel.containers.argv import _csv
-
     out = io.StringIO()
     csv.writer(out).writerow(fields)
     assert _csv(fields) == out.getvalue().removesuffix("\r\n")
@@ -362,7 +361,5 @@ def test_the_mount_line_is_what_csv_writes(fields: list[str]):
 def test_gpu_nodes_are_told_by_name_under_dev_only(path: str, gpu: bool):
     """is_gpu_node reads a name with fnmatch only under /dev, where every glob is (a volume
     elsewhere costs the quick path no re): a glob added elsewhere would be missed there."""
-    from vaccel_common.backends import GPU_NODE_GLOBS, is_gpu_node
-
     assert all(glob.startswith("/dev/") for glob in GPU_NODE_GLOBS)
     assert is_gpu_node(path) == gpu
