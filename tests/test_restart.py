@@ -308,6 +308,30 @@ def test_a_client_that_finds_no_broker_retries_then_gives_up_with_69(start_broke
     assert "retrying for up to 5s" in gone.stderr and "cannot reach the vaccel broker" in gone.stderr
 
 
+def test_a_client_that_finds_a_crashed_brokers_socket_waits_for_its_restart(start_broker, tmp_path):
+    """A broker that crashed (or was killed) leaves its sockets behind, and the shipped unit
+    restarts it after RestartSec=2s plus its start-up: on a loaded machine, more than the
+    few seconds a client gives a broker it never reached. A socket nobody listens on says a
+    broker was there and did not stop cleanly (a clean stop removes it), so a client that
+    finds one waits for the restart as a waiting client does, within its --wait."""
+    from vaccel.session import acquisition
+
+    inventory = tmp_path / "one.yaml"
+    inventory.write_text(ONE_GPU)
+    broker = start_broker(inventory=inventory)
+    broker.kill9()  # its socket files stay behind: nobody listens there
+    err = tmp_path / "after-crash.err"
+    with err.open("w") as stream:
+        late = subprocess.Popen([sys.executable, "-m", "vaccel.cli", "run", "--gpus", "1", "--wait", "300", "--",
+                                 "true"], env=broker.env, stderr=stream, text=True)
+    wait_until(lambda: "retrying" in err.read_text(), "the client says it is retrying")
+    assert f"retrying for up to {acquisition.RECONNECT_S:.0f}s" in err.read_text(), err.read_text()
+    # Longer than a broker never reached is given: the client must still be waiting.
+    time.sleep(acquisition.START_RETRY_S + 1.0)
+    broker.start()
+    assert late.wait(timeout=120) == 0, err.read_text()
+
+
 def test_no_wait_never_retries_past_its_wait(tmp_path):
     broker = Broker(tmp_path, None, "")  # never started
     gone = broker.vaccel("run", "--gpus", "1", "--no-wait", "--", "true")

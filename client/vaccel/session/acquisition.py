@@ -6,7 +6,9 @@ wait then opens the Acquire stream, which carries its queue updates.
 The request carries a key this client chose, so the broker can match a later ask to it.
 If the broker is down when we first ask, we retry for a few seconds (START_RETRY_S, never
 past our own wait) and say so; once it has answered at all (a token on its identity socket
-is enough), its absence is a restart, as below. If the stream breaks while we wait in the queue (the
+is enough), or its socket is there with nobody listening (left by a broker that crashed: a
+clean stop removes it, and the unit restarts a crashed one after RestartSec=2s plus its
+start-up), its absence is a restart, as below. If the stream breaks while we wait in the queue (the
 broker restarted), or the broker goes away after it answered or accepted us at all (the
 fast path said "wait", and the restart came before the stream's first place), we reconnect with
 backoff for as long as a restart may take (RECONNECT_S) and ask again under the same key: the
@@ -81,6 +83,7 @@ class Acquisition:
         self._back = False  # reconnected after a break: the next place is news to print
         self._answered = False  # the broker answered since the last failure
         self._met = False  # the broker has answered or accepted us: its absence is a restart
+        self._left_behind = False  # its socket was left by a broker that crashed: ditto
         self._tried_now = False  # the unary fast path was asked (once: a waiter streams)
         self._tokens_before = connection.tokens_taken  # see _run
 
@@ -124,9 +127,10 @@ class Acquisition:
                 # may listen for under a second at a time, and each of our tries can land in
                 # a window it is killed in.
                 self._met = self._met or self.connection.tokens_taken > self._tokens_before
+                self._left_behind = self._left_behind or getattr(exc, "left_behind", False)
                 if failing_since is None or self._answered:
                     failing_since, delay, self._answered = now, _BACKOFF_S[0], False
-                bound = RECONNECT_S if self._queued or self._met else START_RETRY_S
+                bound = RECONNECT_S if self._queued or self._met or self._left_behind else START_RETRY_S
                 give_up = min(failing_since + bound, self._deadline if self._deadline is not None else now + bound)
                 if now + delay > give_up:
                     why = str(exc)
@@ -138,7 +142,9 @@ class Acquisition:
                     self.say(f"{exc}; asking again")
                 elif not self._queued and not told:
                     told = True
-                    self.say(f"cannot reach the vaccel broker yet; retrying for up to {give_up - now:.0f}s")
+                    why = (" (a broker stopped there without closing: waiting for its restart)"
+                           if self._left_behind else "")
+                    self.say(f"cannot reach the vaccel broker yet{why}; retrying for up to {give_up - now:.0f}s")
                 if self._cancelled.wait(delay * random.uniform(0.5, 1.0)):
                     raise LeaseError("the request was cancelled", "cancelled") from None
                 delay = min(delay * 2, _BACKOFF_S[1])

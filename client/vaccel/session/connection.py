@@ -51,11 +51,14 @@ _GRPC_PID: int | None = None
 
 class BrokerUnavailable(ConnectionError):
     """The broker cannot be reached; the message says where we looked and what to try.
-    `transient` is False where trying again cannot help (a forked child, an impostor's folder)."""
+    `transient` is False where trying again cannot help (a forked child, an impostor's folder).
+    `left_behind`: its socket is there but nobody listens. A clean stop removes the socket,
+    so a broker was here and crashed or was killed, and its service manager restarts it."""
 
-    def __init__(self, message: str, *, transient: bool = True) -> None:
+    def __init__(self, message: str, *, transient: bool = True, left_behind: bool = False) -> None:
         super().__init__(message)
         self.transient = transient
+        self.left_behind = left_behind
 
 
 _IS_IT_RUNNING = ("Is vaccel-brokerd running? (systemctl status vaccel-brokerd; or set VACCEL_SOCKET to your "
@@ -142,8 +145,9 @@ class BrokerConnection:
             if isinstance(exc, PermissionError):
                 raise _unreachable(self.path, "permission denied on the socket") from None
             if isinstance(exc, ConnectionRefusedError):
-                raise _unreachable(self.path, "nobody listens there (a socket left by a broker that "
-                                              "stopped)") from None
+                gone = _unreachable(self.path, "nobody listens there (a socket left by a broker that stopped)")
+                gone.left_behind = True
+                raise gone from None
             raise _unreachable(self.path, exc.strerror or str(exc)) from None
         return sock
 
