@@ -127,7 +127,7 @@ class Acquisition:
                 # may listen for under a second at a time, and each of our tries can land in
                 # a window it is killed in.
                 self._met = self._met or self.connection.tokens_taken > self._tokens_before
-                self._left_behind = self._left_behind or getattr(exc, "left_behind", False)
+                self._left_behind = self._left_behind or (isinstance(exc, BrokerUnavailable) and exc.left_behind)
                 if failing_since is None or self._answered:
                     failing_since, delay, self._answered = now, _BACKOFF_S[0], False
                 bound = RECONNECT_S if self._queued or self._met or self._left_behind else START_RETRY_S

@@ -66,8 +66,8 @@ _IS_IT_RUNNING = ("Is vaccel-brokerd running? (systemctl status vaccel-brokerd; 
 _WRONG_PATH = "Set VACCEL_SOCKET (or --socket) to the broker's socket, or unset it for the standard places"
 
 
-def _unreachable(path: str, why: str, hint: str = _IS_IT_RUNNING) -> BrokerUnavailable:
-    return BrokerUnavailable(f"cannot reach the vaccel broker at {path}: {why}. {hint}")
+def _unreachable(path: str, why: str, hint: str = _IS_IT_RUNNING, *, left_behind: bool = False) -> BrokerUnavailable:
+    return BrokerUnavailable(f"cannot reach the vaccel broker at {path}: {why}. {hint}", left_behind=left_behind)
 
 
 def _nothing_there(path: str, by_rule: bool) -> BrokerUnavailable:
@@ -145,9 +145,8 @@ class BrokerConnection:
             if isinstance(exc, PermissionError):
                 raise _unreachable(self.path, "permission denied on the socket") from None
             if isinstance(exc, ConnectionRefusedError):
-                gone = _unreachable(self.path, "nobody listens there (a socket left by a broker that stopped)")
-                gone.left_behind = True
-                raise gone from None
+                raise _unreachable(self.path, "nobody listens there (a socket left by a broker that stopped)",
+                                   left_behind=True) from None
             raise _unreachable(self.path, exc.strerror or str(exc)) from None
         return sock
 
