@@ -82,8 +82,7 @@ class Acquisition:
         self._queued = False  # the broker has told us our place at least once
         self._back = False  # reconnected after a break: the next place is news to print
         self._answered = False  # the broker answered since the last failure
-        self._met = False  # the broker has answered or accepted us: its absence is a restart
-        self._left_behind = False  # its socket was left by a broker that crashed: ditto
+        self._met = False  # a broker is known here (it answered, or left its socket): its absence is a restart
         self._tried_now = False  # the unary fast path was asked (once: a waiter streams)
         self._tokens_before = connection.tokens_taken  # see _run
 
@@ -126,11 +125,13 @@ class Acquisition:
                 # token, even if the call then failed) exists: one restarted again and again
                 # may listen for under a second at a time, and each of our tries can land in
                 # a window it is killed in.
-                self._met = self._met or self.connection.tokens_taken > self._tokens_before
-                self._left_behind = self._left_behind or (isinstance(exc, BrokerUnavailable) and exc.left_behind)
+                # A socket there that nobody listens on says so too: a broker crashed (a clean
+                # stop removes it), and the unit restarts it after RestartSec=2s plus its start-up.
+                left_behind = isinstance(exc, BrokerUnavailable) and exc.left_behind
+                self._met = self._met or left_behind or self.connection.tokens_taken > self._tokens_before
                 if failing_since is None or self._answered:
                     failing_since, delay, self._answered = now, _BACKOFF_S[0], False
-                bound = RECONNECT_S if self._queued or self._met or self._left_behind else START_RETRY_S
+                bound = RECONNECT_S if self._queued or self._met else START_RETRY_S
                 give_up = min(failing_since + bound, self._deadline if self._deadline is not None else now + bound)
                 if now + delay > give_up:
                     why = str(exc)
@@ -142,8 +143,7 @@ class Acquisition:
                     self.say(f"{exc}; asking again")
                 elif not self._queued and not told:
                     told = True
-                    why = (" (a broker stopped there without closing: waiting for its restart)"
-                           if self._left_behind else "")
+                    why = " (a broker stopped there without closing: waiting for its restart)" if left_behind else ""
                     self.say(f"cannot reach the vaccel broker yet{why}; retrying for up to {give_up - now:.0f}s")
                 if self._cancelled.wait(delay * random.uniform(0.5, 1.0)):
                     raise LeaseError("the request was cancelled", "cancelled") from None
